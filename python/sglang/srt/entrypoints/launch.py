@@ -1,0 +1,72 @@
+"""Start the scheduler and detokenizer processes and the in-process TokenizerManager.
+
+Shared by the HTTP server and the offline Engine: the same three parts either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import tempfile
+import threading
+import time
+from typing import Callable, List, Optional, Tuple
+
+from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+from sglang.srt.managers.scheduler_process import PortArgs, run_scheduler_process
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+class ChildStartError(RuntimeError):
+    pass
+
+
+def launch_subprocesses(server_args: ServerArgs):
+    """Returns (tokenizer_manager, processes, scheduler_info, ipc_folder)."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    folder = tempfile.mkdtemp(prefix="sglang-ipc-")
+    addrs = PortArgs.new(folder)
+    ctx = mp.get_context("spawn")
+    sched_r, sched_w = ctx.Pipe(duplex=False)
+    detok_r, detok_w = ctx.Pipe(duplex=False)
+    sched = ctx.Process(target=run_scheduler_process, args=(server_args, addrs, sched_w),
+                        name="sglang-scheduler", daemon=True)
+    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, addrs, detok_w),
+                        name="sglang-detokenizer", daemon=True)
+    sched.start()
+    detok.start()
+    procs = [sched, detok]
+    info = _wait_ready(sched_r, sched, "scheduler")
+    _wait_ready(detok_r, detok, "detokenizer")
+    tm = TokenizerManager(server_args, addrs, info)
+    return tm, procs, info, folder
+
+
+def _wait_ready(pipe, proc, name: str):
+    while not pipe.poll(0.2):
+        if not proc.is_alive():
+            raise ChildStartError(f"The {name} process exited during start-up "
+                                  f"(exit code {proc.exitcode}); see its log above.")
+    msg = pipe.recv()
+    if isinstance(msg, dict) and "error" in msg:
+        raise ChildStartError(f"The {name} failed to start: {msg['error']}\n{msg.get('traceback', '')}")
+    return msg
+
+
+def watch_children(procs: List, on_death: Callable[[str], None], interval: float = 0.5) -> threading.Thread:
+    """Call on_death(message) once if any child process dies."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(interval)
+            for p in procs:
+                if not p.is_alive():
+                    on_death(f"The {p.name} process died (exit code {p.exitcode}).")
+                    return
+
+    t = threading.Thread(target=loop, daemon=True, name="sglang-child-watch")
+    t.start()
+    return t

@@ -1,0 +1,68 @@
+"""torch_native: the reference attention backend (CPU), one SDPA call per request.
+
+Request i's queries sit at positions prefix_i .. seq_len_i - 1; its keys are the KV slots
+listed by `kv_indices[i]` or the first seq_len_i entries of its req_to_token row. The mask
+is causal over positions unless the request carries a custom mask (tree verification).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.attention.base import AttentionBackend
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    def __init__(self) -> None:
+        self._kv_idx: List[torch.Tensor] = []
+        self._masks: List[Optional[torch.Tensor]] = []
+
+    def init_forward_metadata(self, fb: "ForwardBatch") -> None:
+        rows = fb.req_pool_indices.tolist()
+        table = fb.req_to_token_pool.req_to_token
+        self._kv_idx, self._masks = [], []
+        for i, (row, seq_len, ext) in enumerate(zip(rows, fb.seq_lens_cpu, fb.extend_seq_lens_cpu)):
+            override = fb.kv_indices[i] if fb.kv_indices is not None else None
+            idx = override if override is not None else table[row, :seq_len]
+            self._kv_idx.append(idx)
+            custom = fb.custom_mask[i] if fb.custom_mask is not None else None
+            if custom is not None:
+                mask = custom
+            elif ext == 1:
+                mask = None  # a single query attends to the whole prefix
+            else:
+                kv_len = int(idx.shape[0])
+                q_pos = torch.arange(kv_len - ext, kv_len).unsqueeze(1)
+                mask = torch.arange(kv_len).unsqueeze(0) <= q_pos  # [ext, kv_len]
+            self._masks.append(mask)
+
+    def forward(self, q, k, v, layer: "RadixAttention", fb: "ForwardBatch", save_kv_cache=True):
+        pool = fb.token_to_kv_pool
+        hd, vd = layer.head_dim, layer.v_head_dim
+        if save_kv_cache:
+            pool.set_kv(layer.layer_id, fb.out_cache_loc,
+                        k.view(-1, layer.num_kv_heads, hd), v.view(-1, layer.num_kv_heads, vd))
+        k_buf, v_buf = pool.get_kv(layer.layer_id)
+        q = q.view(-1, layer.num_heads, hd)
+        out = q.new_empty((q.shape[0], layer.num_heads, vd))
+        start = 0
+        gqa = layer.num_heads != layer.num_kv_heads
+        for i, ext in enumerate(fb.extend_seq_lens_cpu):
+            idx = self._kv_idx[i]
+            qi = q[start : start + ext].transpose(0, 1)  # [H, ext, hd]
+            ki = k_buf[idx].transpose(0, 1).to(q.dtype)  # [KVH, kv_len, hd]
+            vi = v_buf[idx].transpose(0, 1).to(q.dtype)
+            oi = F.scaled_dot_product_attention(
+                qi.unsqueeze(0), ki.unsqueeze(0), vi.unsqueeze(0),
+                attn_mask=self._masks[i], scale=layer.scaling, enable_gqa=gqa,
+            )
+            out[start : start + ext] = oi[0].transpose(0, 1)
+            start += ext
+        return out.view(-1, layer.num_heads * vd)

@@ -1,0 +1,328 @@
+"""Scheduler: continuous batching over one target model.
+
+One step reads as: admit waiting requests -> pick the tokens each running request
+computes this step (decodes 1, prefills a chunk within the budget) -> allocate their KV
+slots (evicting cache, retracting requests when the pool is short) -> one forward ->
+sample where a request reached the end of its tokens -> finish, cache, report.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from typing import Deque, Dict, List, Optional
+
+import torch
+
+from sglang.srt.managers.io_struct import ReqUpdate, TokenizedGenerateReqInput
+from sglang.srt.managers.output_processor import OutputProcessor
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.schedule_policy import order_waiting
+from sglang.srt.mem_cache.base_prefix_cache import create_prefix_cache
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# Slots kept free per running request when admitting new ones, so that decoding requests
+# rarely have to be retracted right after an admission.
+_DECODE_RESERVE_PER_REQ = 16
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """The requests of one forward and how many tokens each computes."""
+
+    reqs: List[Req]
+    num_tokens: List[int]
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, tokenizer=None,
+                 runner: Optional[ModelRunner] = None) -> None:
+        self.server_args = server_args
+        self.max_running = server_args.max_running_requests or 64
+        self.runner = runner or ModelRunner(server_args, max_running_requests=self.max_running)
+        self.context_len = self.runner.context_len
+        self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + 8)
+        self.allocator = self.runner.allocator
+        self.tree_cache = create_prefix_cache(server_args.disable_radix_cache, self.allocator,
+                                              eviction_policy=server_args.radix_eviction_policy)
+        self.outputs = OutputProcessor(self.runner.vocab_size, tokenizer,
+                                       eos_token_ids=_eos_ids(self.runner.config, tokenizer))
+        chunk = server_args.chunked_prefill_size
+        self.prefill_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
+        self.waiting: Deque[Req] = collections.deque()
+        self.running: List[Req] = []
+        self.step_count = 0
+        self.seed_rng = torch.Generator().manual_seed(
+            server_args.random_seed if server_args.random_seed is not None else 42)
+        self.stats: Dict[str, float] = collections.defaultdict(float)
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, recv: TokenizedGenerateReqInput) -> Optional[ReqUpdate]:
+        """Queue a request; returns an immediate abort update if it can never run."""
+        req = Req(rid=recv.rid, origin_input_ids=list(recv.input_ids),
+                  sampling_params=recv.sampling_params, return_logprob=recv.return_logprob,
+                  logprob_start_len=recv.logprob_start_len,
+                  top_logprobs_num=recv.top_logprobs_num,
+                  token_ids_logprob=recv.token_ids_logprob, stream=recv.stream)
+        self.outputs.init_req(req)
+        error = self._validate(req)
+        if error:
+            req.finished_reason = {"type": "abort", "message": error, "status_code": 400,
+                                   "err_type": "BadRequestError"}
+            return self.outputs.make_update(req)
+        seed = req.sampling_params.sampling_seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self.seed_rng))
+        req.generator = torch.Generator().manual_seed(seed)
+        self.waiting.append(req)
+        return None
+
+    def _validate(self, req: Req) -> Optional[str]:
+        n = len(req.origin_input_ids)
+        if n == 0:
+            return "The input is empty: send at least one token."
+        if n >= self.context_len:
+            return (f"The input ({n} tokens) is longer than the model's context length "
+                    f"({self.context_len} tokens).")
+        if n + 1 > self.allocator.size:
+            return (f"The input ({n} tokens) does not fit in the KV pool "
+                    f"({self.allocator.size} tokens); raise --max-total-tokens.")
+        bad = [t for t in req.origin_input_ids if not 0 <= t < self.runner.vocab_size]
+        if bad:
+            return f"input_ids contain {bad[0]}, not a token id of this model (vocab {self.runner.vocab_size})."
+        return None
+
+    def abort(self, rid: str, message: str = "Aborted by the client.") -> List[ReqUpdate]:
+        updates = []
+        for req in list(self.waiting) + list(self.running):
+            if rid and req.rid != rid:
+                continue
+            req.finished_reason = {"type": "abort", "message": message}
+            if req in self.running:
+                self._release(req)
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            updates.append(self.outputs.make_update(req))
+        return updates
+
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def flush_cache(self) -> bool:
+        if not self.is_idle():
+            return False
+        self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        return True
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> List[ReqUpdate]:
+        """Run one forward (if there is work); return the updates to send."""
+        self.step_count += 1
+        self._admit()
+        plan = self._plan()
+        if plan is None:
+            return []
+        updates = self._allocate(plan)
+        if plan.reqs:
+            fb, rows = self._build_batch(plan)
+            logits = self.runner.forward(fb)
+            self._postprocess(plan, logits, rows)
+        finished = [r for r in self.running if r.finished]
+        for req in finished:
+            self._release(req)
+            self.running.remove(req)
+        touched = plan.reqs + [r for r in finished if r not in plan.reqs]
+        updates += [u for r in touched if (u := self.outputs.maybe_update(r)) is not None]
+        return updates
+
+    def _admit(self) -> None:
+        if not self.waiting:
+            return
+        free = self.allocator.available_size() + self.tree_cache.evictable_size()
+        free -= sum(r.fill_len - r.kv_len + _DECODE_RESERVE_PER_REQ for r in self.running)
+        ordered = order_waiting(self.server_args.schedule_policy, list(self.waiting),
+                                self.tree_cache, self.server_args.disable_radix_cache)
+        for req in ordered:
+            if len(self.running) >= self.max_running or self.req_to_token_pool.available_size() == 0:
+                break
+            cap = req.fill_len - 1  # at least one token is computed, to get logits
+            if req.wants_input_logprobs and not req.input_logprobs_done:
+                cap = min(cap, req.logprob_start_len)
+            match = self.tree_cache.match_prefix(req.fill_ids[:cap])
+            need = req.fill_len - match.length + _DECODE_RESERVE_PER_REQ
+            if need > free and self.running:
+                break  # wait for memory; an idle engine always admits (retraction handles it)
+            free -= need
+            self.tree_cache.lock(match.handle)
+            req.cache_handle = match.handle
+            req.req_pool_idx = self.req_to_token_pool.alloc()
+            self.req_to_token_pool.write(req.req_pool_idx, 0, match.indices)
+            req.kv_len = req.cache_protected_len = match.length
+            if req.total_retractions == 0:
+                req.cached_tokens = match.length
+            req.admitted_step = self.step_count
+            self.waiting.remove(req)
+            self.running.append(req)
+
+    def _plan(self) -> Optional[StepPlan]:
+        if not self.running:
+            return None
+        budget = self.prefill_budget
+        reqs, nums = [], []
+        # Decodes first: they always advance; prefill chunks share what budget remains.
+        for req in sorted(self.running, key=lambda r: r.fill_len - r.kv_len > 1):
+            remaining = req.fill_len - req.kv_len
+            if remaining == 1:
+                n = 1
+            else:
+                n = min(remaining, budget)
+                if n <= 0:
+                    continue
+                budget -= n
+            reqs.append(req)
+            nums.append(n)
+        return StepPlan(reqs, nums)
+
+    def _allocate(self, plan: StepPlan) -> List[ReqUpdate]:
+        """Give every planned token a KV slot; evict cache, then retract, when short."""
+        updates: List[ReqUpdate] = []
+        while plan.reqs:
+            need = sum(plan.num_tokens)
+            short = need - self.allocator.available_size()
+            if short > 0:
+                self.tree_cache.evict(short)
+                short = need - self.allocator.available_size()
+            if short <= 0:
+                break
+            if len(self.running) == 1:
+                # One request alone does not fit: shrink its chunk, or fail it clearly.
+                avail = self.allocator.available_size()
+                if avail > 0 and plan.num_tokens[0] > 1:
+                    plan.num_tokens[0] = min(plan.num_tokens[0], avail)
+                    continue
+                req = self.running[0]
+                req.finished_reason = {"type": "abort", "status_code": 400,
+                                       "message": "The KV pool is too small for this request; "
+                                                  "raise --max-total-tokens."}
+                plan.reqs, plan.num_tokens = [], []
+                break
+            victim = max(self.running, key=lambda r: (r.admitted_step, r.fill_len))
+            self._retract(victim)
+            if victim in plan.reqs:
+                i = plan.reqs.index(victim)
+                del plan.reqs[i], plan.num_tokens[i]
+        for req, n in zip(plan.reqs, plan.num_tokens):
+            slots = self.allocator.alloc(n)
+            self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots)
+        return updates
+
+    def _build_batch(self, plan: StepPlan):
+        ids, pos, rows, logit_rows = [], [], [], []
+        start = 0
+        for req, n in zip(plan.reqs, plan.num_tokens):
+            fill = req.fill_ids
+            ids.extend(fill[req.kv_len : req.kv_len + n])
+            pos.extend(range(req.kv_len, req.kv_len + n))
+            rows.append(self.outputs.logit_rows(req, req.kv_len, n, start))
+            logit_rows.extend(rows[-1].all_rows())
+            start += n
+        table = self.req_to_token_pool.req_to_token
+        req_idx = torch.tensor([r.req_pool_idx for r in plan.reqs], dtype=torch.int64)
+        seq_lens = [r.kv_len + n for r, n in zip(plan.reqs, plan.num_tokens)]
+        out_loc = torch.cat([table[r.req_pool_idx, r.kv_len : r.kv_len + n]
+                             for r, n in zip(plan.reqs, plan.num_tokens)])
+        mode = ForwardMode.DECODE if all(n == 1 for n in plan.num_tokens) else ForwardMode.EXTEND
+        fb = ForwardBatch(
+            forward_mode=mode, batch_size=len(plan.reqs),
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(pos, dtype=torch.int64),
+            req_pool_indices=req_idx, seq_lens=torch.tensor(seq_lens),
+            extend_seq_lens=torch.tensor(plan.num_tokens), out_cache_loc=out_loc,
+            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.runner.kv_pool,
+            attn_backend=self.runner.attn_backend, seq_lens_cpu=seq_lens,
+            extend_seq_lens_cpu=list(plan.num_tokens),
+            logits_indices=torch.tensor(logit_rows, dtype=torch.int64),
+        )
+        return fb, rows
+
+    def _postprocess(self, plan: StepPlan, logits: torch.Tensor, rows) -> None:
+        offset = 0
+        samplers = []
+        for req, n, r in zip(plan.reqs, plan.num_tokens, rows):
+            k = len(r.all_rows())
+            req_logits = logits[offset : offset + k]
+            offset += k
+            req.kv_len += n
+            self.outputs.collect_input_logprobs(req, r, req_logits)
+            if req.kv_len == req.fill_len:
+                if req.fill_len == len(req.origin_input_ids) and req.max_new_tokens == 0:
+                    req.finished_reason = {"type": "length", "length": 0}
+                else:
+                    samplers.append((req, req_logits[-1]))
+            else:
+                self._cache_progress(req)  # a prefill chunk ended
+        if samplers:
+            self.outputs.sample_and_append([s[0] for s in samplers],
+                                           torch.stack([s[1] for s in samplers]))
+
+    # ------------------------------------------------------------------ memory
+    def _cache_progress(self, req: Req) -> None:
+        """Share a chunk-prefilled prompt through the tree while the request runs on."""
+        row = req.req_pool_idx
+        slots = self.req_to_token_pool.req_to_token[row, : req.kv_len]
+        indices, handle = self.tree_cache.cache_unfinished(req.fill_ids[: req.kv_len], slots,
+                                                           req.cache_handle)
+        self.req_to_token_pool.write(row, 0, indices)
+        req.cache_handle = handle
+        req.cache_protected_len = len(indices)
+
+    def _release(self, req: Req) -> None:
+        """Hand a request's KV to the prefix cache (which frees what it does not keep)."""
+        if req.req_pool_idx is None:
+            return
+        row = req.req_pool_idx
+        slots = self.req_to_token_pool.req_to_token[row, : req.kv_len].clone()
+        self.tree_cache.cache_finished(req.fill_ids[: req.kv_len], slots, req.cache_handle)
+        self.req_to_token_pool.free(row)
+        req.req_pool_idx = None
+        req.cache_handle = None
+        req.kv_len = 0
+
+    def _retract(self, req: Req) -> None:
+        logger.info("KV pool full: retracting request %s (%d tokens); it resumes later",
+                    req.rid, req.fill_len)
+        self._release(req)
+        self.running.remove(req)
+        req.total_retractions += 1
+        self.waiting.appendleft(req)
+
+    # ------------------------------------------------------------------ introspection
+    def check_all_free(self) -> None:
+        """Invariant for tests: idle + flushed => every slot and row is free."""
+        assert self.is_idle(), "requests are still running"
+        self.tree_cache.check_integrity()
+        self.tree_cache.reset()
+        assert self.allocator.available_size() == self.allocator.size, (
+            f"KV slots leaked: {self.allocator.size - self.allocator.available_size()}")
+        assert self.req_to_token_pool.available_size() == self.req_to_token_pool.size
+
+
+def _eos_ids(config, tokenizer) -> set:
+    ids = set()
+    eos = getattr(config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(eos)
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,101 @@
+"""The scheduler's process: receive requests over ZMQ, step the scheduler, send updates."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import traceback
+
+from sglang.srt.managers.io_struct import (AbortReq, BatchTokenIDOut, FlushCacheOutput,
+                                           FlushCacheReq, GetInternalStateOutput,
+                                           GetInternalStateReq, TokenizedGenerateReqInput)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PortArgs:
+    """ZMQ IPC addresses of the three parts (tokenizer side, scheduler, detokenizer)."""
+
+    tokenizer: str
+    scheduler: str
+    detokenizer: str
+
+    @classmethod
+    def new(cls, folder: str) -> "PortArgs":
+        return cls(tokenizer=f"ipc://{folder}/tokenizer", scheduler=f"ipc://{folder}/scheduler",
+                   detokenizer=f"ipc://{folder}/detokenizer")
+
+
+def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe) -> None:
+    import torch
+    import zmq
+
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.model_loader.loader import load_tokenizer
+    from sglang.srt.utils.process import configure_child_logging, watch_parent
+
+    configure_child_logging(server_args.log_level, "scheduler")
+    watch_parent()
+    torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+    try:
+        tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(server_args.tokenizer_path)
+        scheduler = Scheduler(server_args, tokenizer=tokenizer)
+    except Exception as e:  # the launcher shows this and exits non-zero
+        ready_pipe.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        return
+    ctx = zmq.Context()
+    recv = ctx.socket(zmq.PULL)
+    recv.bind(addrs.scheduler)
+    send = ctx.socket(zmq.PUSH)
+    send.connect(addrs.detokenizer)
+    ready_pipe.send(scheduler_info(scheduler))
+    poller = zmq.Poller()
+    poller.register(recv, zmq.POLLIN)
+    while True:
+        # Block only when there is nothing to compute.
+        timeout = None if scheduler.is_idle() else 0
+        if poller.poll(timeout):
+            while True:
+                try:
+                    msg = recv.recv_pyobj(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                reply = handle_message(scheduler, msg)
+                if reply is not None:
+                    send.send_pyobj(reply)
+        updates = scheduler.step()
+        if updates:
+            send.send_pyobj(BatchTokenIDOut(updates))
+
+
+def handle_message(scheduler, msg):
+    if isinstance(msg, TokenizedGenerateReqInput):
+        upd = scheduler.add_request(msg)
+        return BatchTokenIDOut([upd]) if upd is not None else None
+    if isinstance(msg, AbortReq):
+        updates = scheduler.abort(msg.rid, msg.message)
+        return BatchTokenIDOut(updates) if updates else None
+    if isinstance(msg, FlushCacheReq):
+        ok = scheduler.flush_cache()
+        return FlushCacheOutput(ok, "" if ok else "Cannot flush the cache while requests are running or waiting.")
+    if isinstance(msg, GetInternalStateReq):
+        return GetInternalStateOutput(scheduler_info(scheduler))
+    logger.warning("Unknown message %r", type(msg))
+    return None
+
+
+def scheduler_info(scheduler) -> dict:
+    return {
+        "max_total_num_tokens": scheduler.allocator.size,
+        "available_kv_tokens": scheduler.allocator.available_size(),
+        "context_len": scheduler.context_len,
+        "max_req_input_len": scheduler.context_len - 1,
+        "vocab_size": scheduler.runner.vocab_size,
+        "num_running_reqs": len(scheduler.running),
+        "num_waiting_reqs": len(scheduler.waiting),
+        "cache_evictable_tokens": scheduler.tree_cache.evictable_size(),
+        "load_seconds": scheduler.runner.load_seconds,
+        "dtype": str(scheduler.runner.dtype).replace("torch.", ""),
+    }

@@ -1,0 +1,84 @@
+"""ModelRunner: one model, its KV pool and its attention backend.
+
+The scheduler owns requests and the req_to_token table; a runner only turns a
+ForwardBatch into logits. The target and (later) the draft model each get a runner,
+each with its own KV pool sized here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.attention.base import create_attention_backend
+from sglang.srt.mem_cache.memory_pool import KVPool, TokenSlotAllocator
+from sglang.srt.model_executor.forward_batch import ForwardBatch
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float": torch.float32,
+           "half": torch.bfloat16, "float16": torch.bfloat16}
+
+
+def free_ram_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # pragma: no cover
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class ModelRunner:
+    def __init__(self, server_args: ServerArgs, model_path: Optional[str] = None,
+                 max_context_len: Optional[int] = None, max_total_tokens: Optional[int] = None,
+                 max_running_requests: int = 256) -> None:
+        from sglang.srt.model_loader.loader import load_model
+
+        self.server_args = server_args
+        self.model_path = model_path or server_args.model_path
+        self.device = server_args.device
+        t0 = time.perf_counter()
+        self.model, self.config = load_model(self.model_path, dtype=server_args.dtype,
+                                             device=self.device)
+        self.model.eval()
+        self.dtype = next(self.model.parameters()).dtype
+        self.load_seconds = time.perf_counter() - t0
+        cfg = self.config
+        self.vocab_size = cfg.vocab_size
+        self.context_len = max_context_len or server_args.context_length or getattr(
+            cfg, "max_position_embeddings", 4096)
+        self.num_layers = cfg.num_hidden_layers
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv_dtype = self.dtype
+        self.max_total_num_tokens = max_total_tokens or self._profile_max_tokens(max_running_requests)
+        self.kv_pool = KVPool(self.max_total_num_tokens, self.num_layers, self.num_kv_heads,
+                              self.head_dim, self.kv_dtype, self.device)
+        self.allocator = TokenSlotAllocator(self.max_total_num_tokens, self.device)
+        self.attn_backend = create_attention_backend(server_args.attention_backend)
+        logger.info("Loaded %s (%s) in %.1fs; KV pool %d tokens", self.model_path, self.dtype,
+                    self.load_seconds, self.max_total_num_tokens)
+
+    def _profile_max_tokens(self, max_running_requests: int) -> int:
+        if self.server_args.max_total_tokens:
+            return self.server_args.max_total_tokens
+        per_token = KVPool.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim,
+                                           self.kv_dtype)
+        fraction = self.server_args.mem_fraction_static or 0.3
+        by_ram = int(free_ram_bytes() * fraction) // per_token
+        # No use for more slots than every running request filling its context.
+        by_need = max_running_requests * self.context_len
+        return max(64, min(by_ram, by_need))
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        fb.attn_backend = self.attn_backend
+        fb.token_to_kv_pool = self.kv_pool
+        self.attn_backend.init_forward_metadata(fb)
+        return self.model(fb.input_ids, fb.positions, fb)

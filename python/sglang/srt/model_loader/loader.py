@@ -1,0 +1,128 @@
+"""Load a model, its config and its tokenizer from an HF folder or a .gguf file.
+
+The model is built on the meta device (no random init), materialised uninitialised on the
+target device, then every parameter is written by `load_weights` (which raises if one is
+missing), so loading costs little more than reading and converting the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from typing import Iterator, Optional, Tuple, Union
+
+import torch
+from torch import nn
+from transformers import AutoConfig, PretrainedConfig
+
+from sglang.srt.model_loader.gguf_loader import GGUFFile, gguf_config, iter_hf_weights
+from sglang.srt.model_loader.weight_utils import iter_safetensors
+from sglang.srt.models.registry import get_model_class
+
+_DTYPES = {
+    "float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+    "float16": torch.float16, "half": torch.float16,
+}
+
+
+def is_gguf(model_path: str) -> bool:
+    return model_path.endswith(".gguf") and os.path.isfile(model_path)
+
+
+def load_config(model_path: str) -> PretrainedConfig:
+    if is_gguf(model_path):
+        return gguf_config(GGUFFile(model_path))
+    if not os.path.isdir(model_path):
+        raise FileNotFoundError(
+            f"model path {model_path!r} is neither a .gguf file nor a local model folder"
+        )
+    return AutoConfig.from_pretrained(model_path)
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype], config: PretrainedConfig, gguf: bool,
+                  device: str = "cpu") -> torch.dtype:
+    """`auto`: GGUF -> bfloat16; HF -> the checkpoint's dtype (float16 -> bfloat16 on CPU,
+    where half matmuls are slow and overflow-prone), float32 when unspecified."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ValueError(f"--dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}")
+        return _DTYPES[dtype]
+    if gguf:
+        return torch.bfloat16
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(saved, str):
+        saved = _DTYPES.get(saved)
+    if saved == torch.float16:
+        return torch.bfloat16 if str(device).startswith("cpu") else torch.float16
+    return saved if saved in (torch.bfloat16, torch.float32) else torch.float32
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
+               device: str = "cpu") -> Tuple[nn.Module, PretrainedConfig]:
+    """(model in eval mode without grads, its config) from an HF folder or a .gguf file."""
+    gguf_file = GGUFFile(model_path) if is_gguf(model_path) else None
+    config = gguf_config(gguf_file) if gguf_file is not None else load_config(model_path)
+    torch_dtype = resolve_dtype(dtype, config, gguf_file is not None, device)
+    model_class = get_model_class(getattr(config, "architectures", None) or [])
+    with torch.device("meta"), _default_dtype(torch_dtype):
+        model = model_class(config)
+    model = model.to_empty(device=device)
+    weights = (iter_hf_weights(gguf_file, config) if gguf_file is not None
+               else iter_safetensors(model_path))
+    model.load_weights(weights)
+    model.eval().requires_grad_(False)
+    return model, config
+
+
+# ---- tokenizer ------------------------------------------------------------------------------
+
+
+def default_tokenizer_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sglang-fork", "tokenizers")
+
+
+def _gguf_tokenizer_key(path: str) -> str:
+    import transformers
+
+    st = os.stat(path)
+    ident = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:24]
+
+
+def load_tokenizer(model_path: str, cache_dir: Optional[str] = None):
+    """A transformers tokenizer. For a .gguf file it is converted from the metadata once
+    (several seconds) and cached as an HF tokenizer folder keyed by path, size and mtime."""
+    from transformers import AutoTokenizer
+
+    if not is_gguf(model_path):
+        return AutoTokenizer.from_pretrained(model_path)
+    cached = os.path.join(cache_dir or default_tokenizer_cache_dir(), _gguf_tokenizer_key(model_path))
+    if os.path.exists(os.path.join(cached, "tokenizer_config.json")):
+        return AutoTokenizer.from_pretrained(cached)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(model_path)),
+                                              gguf_file=os.path.basename(model_path))
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    # Save beside the target and rename, so a concurrent reader never sees half a folder.
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(cached), prefix=".tmp-")
+    try:
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, cached)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+    return tokenizer

@@ -1,0 +1,29 @@
+"""Architecture name (config.architectures) -> model class, imported on first use."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict, List
+
+# architecture -> module under sglang.srt.models holding the class of the same name
+_MODELS: Dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "MistralForCausalLM": "mistral",
+}
+
+
+def supported_architectures() -> List[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(architectures: List[str]) -> type:
+    """The class of the first supported name in `architectures`."""
+    for arch in architectures or []:
+        if arch in _MODELS:
+            module = importlib.import_module(f"sglang.srt.models.{_MODELS[arch]}")
+            return getattr(module, arch)
+    raise ValueError(
+        f"model architectures {list(architectures or [])} are not supported; "
+        f"supported: {', '.join(supported_architectures())}"
+    )

