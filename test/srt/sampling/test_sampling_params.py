@@ -94,7 +94,6 @@ def test_verify_rejects_invalid(params, field):
     dict(logit_bias={"3": float("nan")}),
     dict(stop=[1]),
 ])
-@pytest.mark.xfail(strict=True, reason="verify() does not check these yet (reported to lead)")
 def test_verify_rejects_values_that_break_sampling(params):
     with pytest.raises(ValueError):
         SamplingParams.from_dict(params).verify(vocab_size=10)

@@ -7,6 +7,7 @@ the HTTP layer turns it into a 400.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, List, Optional, Union
 
 _GREEDY_EPS = 1e-6
@@ -87,6 +88,20 @@ class SamplingParams:
             not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool)
         ):
             bad(f"max_new_tokens must be an integer, got {self.max_new_tokens!r}")
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                     "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                bad(f"{name} must be a finite number, got {getattr(self, name)}")
+        if not all(isinstance(s, str) for s in self.stop or []):
+            bad(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if not all(isinstance(s, str) for s in self.stop_regex or []):
+            bad(f"stop_regex must be a string or a list of strings, got {self.stop_regex!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                bad("logit_bias must be an object mapping token ids to numbers")
+            for key, value in self.logit_bias.items():
+                if not is_num(value) or not math.isfinite(value):
+                    bad(f"logit_bias[{key!r}] must be a finite number, got {value!r}")
         if self.temperature < 0.0:
             bad(f"temperature must be non-negative, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -99,8 +114,8 @@ class SamplingParams:
             bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         if not -2.0 <= self.presence_penalty <= 2.0:
             bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        if not 0.0 <= self.repetition_penalty <= 2.0:
-            bad(f"repetition_penalty must be in [0, 2], got {self.repetition_penalty}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            bad(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
             bad(f"max_new_tokens must be at least 0, got {self.max_new_tokens}")
         if self.min_new_tokens < 0:
