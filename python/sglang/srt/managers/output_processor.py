@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import torch
 
 from sglang.srt.managers.io_struct import ReqUpdate
 from sglang.srt.managers.schedule_batch import Req
-from sglang.srt.sampling.sampler import sample, token_logprob, top_logprobs
+from sglang.srt.sampling.sampler import (adjusted_logprobs, apply_logit_adjustments, sample,
+                                         token_logprob, top_logprobs)
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 
@@ -32,10 +33,12 @@ class LogitRows:
 
 
 class OutputProcessor:
-    def __init__(self, vocab_size: int, tokenizer, eos_token_ids: Set[int]) -> None:
+    def __init__(self, vocab_size: int, tokenizer, eos_token_ids: Set[int],
+                 extra_meta: Optional[Callable[[Req], Dict[str, Any]]] = None) -> None:
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        self.extra_meta = extra_meta
 
     def init_req(self, req: Req) -> None:
         sp = req.sampling_params
@@ -86,14 +89,33 @@ class OutputProcessor:
         for i, (req, tok) in enumerate(zip(reqs, next_ids)):
             req.output_ids.append(tok)
             if req.return_logprob:
-                lp = out.logprobs[i]
-                req.out_logprobs_pending.append([token_logprob(lp, tok), tok])
-                if req.top_logprobs_num:
-                    req.out_top_pending.append(top_logprobs(lp, req.top_logprobs_num))
-                if req.token_ids_logprob:
-                    req.out_ids_lp_pending.append(
-                        [[token_logprob(lp, t), t] for t in req.token_ids_logprob])
+                self._record_output_logprob(req, out.logprobs[i], tok)
             self.check_finished(req)
+
+    def append_verified(self, req: Req, tokens: List[int], logits: torch.Tensor) -> int:
+        """Append a verified run token by token, stopping at the first finish condition
+        (EOS, stop string, max_new_tokens inside the run). logits[j] predicted tokens[j].
+        Returns how many tokens were appended."""
+        logprobs = None
+        if req.return_logprob:
+            info = SamplingBatchInfo.from_reqs([req], self.vocab_size).expand_rows([len(tokens)])
+            adjusted = apply_logit_adjustments(logits[: len(tokens)].float(), info)
+            logprobs = adjusted_logprobs(adjusted, info)
+        for j, tok in enumerate(tokens):
+            req.output_ids.append(tok)
+            if logprobs is not None:
+                self._record_output_logprob(req, logprobs[j], tok)
+            self.check_finished(req)
+            if req.finished:
+                return j + 1
+        return len(tokens)
+
+    def _record_output_logprob(self, req: Req, lp: torch.Tensor, tok: int) -> None:
+        req.out_logprobs_pending.append([token_logprob(lp, tok), tok])
+        if req.top_logprobs_num:
+            req.out_top_pending.append(top_logprobs(lp, req.top_logprobs_num))
+        if req.token_ids_logprob:
+            req.out_ids_lp_pending.append([[token_logprob(lp, t), t] for t in req.token_ids_logprob])
 
     def check_finished(self, req: Req) -> None:
         if req.finished:
@@ -154,6 +176,8 @@ class OutputProcessor:
             no_stop_trim=sp.no_stop_trim,
         )
         req.sent_output_len = len(req.output_ids)
+        if self.extra_meta is not None and req.finished:
+            upd.extra_meta = self.extra_meta(req)
         if req.return_logprob:
             upd.output_token_logprobs, req.out_logprobs_pending = req.out_logprobs_pending, []
             if req.top_logprobs_num:

@@ -59,6 +59,11 @@ class Req:
     out_ids_lp_pending: List[Any] = dataclasses.field(default_factory=list)
     sent_output_len: int = 0
 
+    # Speculative decoding statistics (SGLang's meta_info names)
+    spec_verify_ct: int = 0
+    spec_accept_token_num: int = 0
+    spec_accept_histogram: List[int] = dataclasses.field(default_factory=list)
+
     @property
     def fill_ids(self) -> List[int]:
         return self.origin_input_ids + self.output_ids

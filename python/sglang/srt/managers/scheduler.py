@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Deque, Dict, List, Optional
+from typing import TYPE_CHECKING, Deque, Dict, List, Optional
 
 import torch
 
@@ -24,6 +24,10 @@ from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.spec_worker import SpecWorker
+
+if TYPE_CHECKING:
+    from sglang.srt.speculative.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,7 @@ class StepPlan:
 
     reqs: List[Req]
     num_tokens: List[int]
+    trees: Dict[int, "DraftTree"] = dataclasses.field(default_factory=dict)  # id(req) -> tree
 
 
 class Scheduler:
@@ -47,14 +52,20 @@ class Scheduler:
         self.max_running = server_args.max_running_requests or 64
         self.runner = runner or ModelRunner(server_args, max_running_requests=self.max_running)
         self.context_len = self.runner.context_len
-        self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + 8)
         self.allocator = self.runner.allocator
+        chunk = server_args.chunked_prefill_size
+        self.prefill_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
+        self.spec: Optional[SpecWorker] = None
+        if server_args.speculative_algorithm:
+            self.spec = SpecWorker(server_args, self.runner.vocab_size, self.max_running,
+                                   self.context_len, self.allocator.size, self.prefill_budget)
+        tree_room = self.spec.max_tree_nodes if self.spec else 0
+        self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + tree_room + 8)
         self.tree_cache = create_prefix_cache(server_args.disable_radix_cache, self.allocator,
                                               eviction_policy=server_args.radix_eviction_policy)
         self.outputs = OutputProcessor(self.runner.vocab_size, tokenizer,
-                                       eos_token_ids=_eos_ids(self.runner.config, tokenizer))
-        chunk = server_args.chunked_prefill_size
-        self.prefill_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
+                                       eos_token_ids=_eos_ids(self.runner.config, tokenizer),
+                                       extra_meta=self.spec.meta_info if self.spec else None)
         self.waiting: Deque[Req] = collections.deque()
         self.running: List[Req] = []
         self.step_count = 0
@@ -131,6 +142,10 @@ class Scheduler:
         plan = self._plan()
         if plan is None:
             return []
+        if self.spec is not None:
+            plan.trees = self.spec.propose([r for r, n in zip(plan.reqs, plan.num_tokens) if n == 1])
+            plan.num_tokens = [len(plan.trees[id(r)]) if id(r) in plan.trees else n
+                               for r, n in zip(plan.reqs, plan.num_tokens)]
         updates = self._allocate(plan)
         if plan.reqs:
             fb, rows = self._build_batch(plan)
@@ -226,14 +241,23 @@ class Scheduler:
         return updates
 
     def _build_batch(self, plan: StepPlan):
-        ids, pos, rows, logit_rows = [], [], [], []
+        ids, pos, rows, logit_rows, masks = [], [], [], [], []
         start = 0
         for req, n in zip(plan.reqs, plan.num_tokens):
-            fill = req.fill_ids
-            ids.extend(fill[req.kv_len : req.kv_len + n])
-            pos.extend(range(req.kv_len, req.kv_len + n))
-            rows.append(self.outputs.logit_rows(req, req.kv_len, n, start))
-            logit_rows.extend(rows[-1].all_rows())
+            tree = plan.trees.get(id(req))
+            if tree is not None:
+                # Verify: the whole tree, each node at its depth, under the tree mask.
+                ids.extend(tree.tokens)
+                pos.extend(req.kv_len + d for d in tree.depths)
+                masks.append(tree.attention_mask(req.kv_len))
+                rows.append(list(range(start, start + n)))
+                logit_rows.extend(rows[-1])
+            else:
+                ids.extend(req.fill_ids[req.kv_len : req.kv_len + n])
+                pos.extend(range(req.kv_len, req.kv_len + n))
+                masks.append(None)
+                rows.append(self.outputs.logit_rows(req, req.kv_len, n, start))
+                logit_rows.extend(rows[-1].all_rows())
             start += n
         table = self.req_to_token_pool.req_to_token
         req_idx = torch.tensor([r.req_pool_idx for r in plan.reqs], dtype=torch.int64)
@@ -241,6 +265,8 @@ class Scheduler:
         out_loc = torch.cat([table[r.req_pool_idx, r.kv_len : r.kv_len + n]
                              for r, n in zip(plan.reqs, plan.num_tokens)])
         mode = ForwardMode.DECODE if all(n == 1 for n in plan.num_tokens) else ForwardMode.EXTEND
+        if plan.trees:
+            mode = ForwardMode.TARGET_VERIFY
         fb = ForwardBatch(
             forward_mode=mode, batch_size=len(plan.reqs),
             input_ids=torch.tensor(ids, dtype=torch.int64),
@@ -251,6 +277,7 @@ class Scheduler:
             attn_backend=self.runner.attn_backend, seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=list(plan.num_tokens),
             logits_indices=torch.tensor(logit_rows, dtype=torch.int64),
+            custom_mask=masks if plan.trees else None,
         )
         return fb, rows
 
@@ -258,9 +285,16 @@ class Scheduler:
         offset = 0
         samplers = []
         for req, n, r in zip(plan.reqs, plan.num_tokens, rows):
+            tree = plan.trees.get(id(req))
+            if tree is not None:
+                self._accept_tree(req, tree, logits[offset : offset + n])
+                offset += n
+                continue
             k = len(r.all_rows())
             req_logits = logits[offset : offset + k]
             offset += k
+            if self.spec is not None and n == 1:
+                self.spec.record(req, num_drafted=0, accepted=0, emitted=1)
             req.kv_len += n
             self.outputs.collect_input_logprobs(req, r, req_logits)
             if req.kv_len == req.fill_len:
@@ -273,6 +307,20 @@ class Scheduler:
         if samplers:
             self.outputs.sample_and_append([s[0] for s in samplers],
                                            torch.stack([s[1] for s in samplers]))
+
+    def _accept_tree(self, req: Req, tree, logits: torch.Tensor) -> None:
+        """Append the accepted run; keep the KV of its nodes, free the rest of the tree."""
+        result = self.spec.verify(req, tree, logits)
+        emitted = self.outputs.append_verified(req, result.tokens, logits[result.path])
+        self.spec.record(req, len(tree) - 1, min(emitted, result.num_accepted_drafts), emitted)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        tree_slots = row[req.kv_len : req.kv_len + len(tree)].clone()
+        keep = result.path[:emitted]  # the root plus every accepted node still in the output
+        row[req.kv_len : req.kv_len + len(keep)] = tree_slots[keep]
+        dropped = torch.ones(len(tree), dtype=torch.bool)
+        dropped[keep] = False
+        self.allocator.free(tree_slots[dropped])
+        req.kv_len += len(keep)
 
     # ------------------------------------------------------------------ memory
     def _cache_progress(self, req: Req) -> None:
@@ -289,6 +337,8 @@ class Scheduler:
         """Hand a request's KV to the prefix cache (which frees what it does not keep)."""
         if req.req_pool_idx is None:
             return
+        if self.spec is not None:
+            self.spec.release(req)
         row = req.req_pool_idx
         slots = self.req_to_token_pool.req_to_token[row, : req.kv_len].clone()
         self.tree_cache.cache_finished(req.fill_ids[: req.kv_len], slots, req.cache_handle)
@@ -314,6 +364,8 @@ class Scheduler:
         assert self.allocator.available_size() == self.allocator.size, (
             f"KV slots leaked: {self.allocator.size - self.allocator.available_size()}")
         assert self.req_to_token_pool.available_size() == self.req_to_token_pool.size
+        if self.spec is not None:
+            self.spec.check_all_free()
 
 
 def _eos_ids(config, tokenizer) -> set:

@@ -147,12 +147,15 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo,
         sampled_rows = torch.nonzero(~info.is_greedy).flatten()
         gens = [info.generators[i] for i in sampled_rows.tolist()]
         next_ids[sampled_rows] = draw_from_probs(probs[sampled_rows], gens)
-    logprobs = None
-    if return_logprobs:
-        logprobs = torch.log_softmax(adjusted / info.temperatures, dim=-1)
-        # -inf (masked tokens) is not valid JSON; clamp like upstream does.
-        logprobs = logprobs.clamp(min=torch.finfo(torch.float32).min)
+    logprobs = adjusted_logprobs(adjusted, info) if return_logprobs else None
     return SampleOutput(next_token_ids=next_ids, logprobs=logprobs)
+
+
+def adjusted_logprobs(adjusted: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """The logprobs SGLang reports: log_softmax(adjusted logits / temperature) [bs, vocab]."""
+    logprobs = torch.log_softmax(adjusted / info.temperatures, dim=-1)
+    # -inf (masked tokens) is not valid JSON; clamp like upstream does.
+    return logprobs.clamp(min=torch.finfo(torch.float32).min)
 
 
 def top_logprobs(logprobs_row: torch.Tensor, k: int) -> List[Tuple[float, int]]:

@@ -1,0 +1,116 @@
+"""NGRAM drafter: continuations of the current suffix found earlier in prompt + output.
+
+Long legal documents quote themselves, so the tokens that followed an earlier occurrence
+of the last few tokens are strong guesses. Per request, an index maps each `key_len`-gram
+to the positions after its occurrences; it is updated incrementally as tokens arrive. A
+lookup extends candidate matches backwards to rank them, gathers the continuations into a
+trie weighted by frequency, and keeps the most frequent nodes breadth-first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from sglang.srt.speculative.drafters.base import Drafter
+from sglang.srt.speculative.tree import DraftTree
+
+
+@dataclasses.dataclass
+class SuffixIndex:
+    key_len: int
+    tokens: np.ndarray  # int64 history, grown geometrically
+    length: int = 0
+    positions: Dict[Tuple[int, ...], List[int]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def new(cls, key_len: int) -> "SuffixIndex":
+        return cls(key_len, np.zeros(1024, dtype=np.int64))
+
+    def extend(self, ids: List[int]) -> None:
+        """Index ids[self.length:] (ids is the whole history so far)."""
+        new = ids[self.length:]
+        if not new:
+            return
+        need = len(ids)
+        if need > len(self.tokens):
+            grown = np.zeros(max(need, 2 * len(self.tokens)), dtype=np.int64)
+            grown[: self.length] = self.tokens[: self.length]
+            self.tokens = grown
+        self.tokens[self.length : need] = new
+        k = self.key_len
+        for end in range(max(self.length, k), need):
+            # The k-gram ending just before `end` is followed by tokens[end].
+            key = tuple(int(t) for t in self.tokens[end - k : end])
+            self.positions.setdefault(key, []).append(end)
+        self.length = need
+
+
+class NgramDrafter(Drafter):
+    def __init__(self, max_depth: int = 8, key_len: int = 2, max_match: int = 18,
+                 max_candidates: int = 32) -> None:
+        self.max_depth = max_depth
+        self.key_len = key_len
+        self.max_match = max_match
+        self.max_candidates = max_candidates
+        self.indexes: Dict[str, SuffixIndex] = {}
+
+    def propose(self, reqs, budgets) -> List[Optional[DraftTree]]:
+        return [self._propose_one(r, b) for r, b in zip(reqs, budgets)]
+
+    def _propose_one(self, req, budget: int) -> Optional[DraftTree]:
+        ids = req.fill_ids
+        index = self.indexes.setdefault(req.rid, SuffixIndex.new(self.key_len))
+        index.extend(ids)
+        n = index.length
+        if budget < 2 or n <= self.key_len:
+            return None
+        key = tuple(ids[n - self.key_len :])
+        starts = [p for p in index.positions.get(key, []) if p < n]
+        if not starts:
+            return None
+        hist = index.tokens[:n]
+        # Rank occurrences by how far the match extends backwards, then by recency.
+        ranked = sorted(starts[-256:], key=lambda p: (-_match_len(hist, p, n, self.max_match), -p))
+        trie: Dict[Tuple[int, ...], int] = {}
+        for p in ranked[: self.max_candidates]:
+            cont = hist[p : min(p + self.max_depth, n)].tolist()
+            for d in range(1, len(cont) + 1):
+                trie[tuple(cont[:d])] = trie.get(tuple(cont[:d]), 0) + 1
+        return _trie_to_tree(ids[-1], trie, budget)
+
+    def release(self, req) -> None:
+        self.indexes.pop(req.rid, None)
+
+    def check_all_free(self) -> None:
+        assert not self.indexes, f"n-gram state left for {list(self.indexes)}"
+
+
+def _match_len(hist: np.ndarray, p: int, n: int, cap: int) -> int:
+    """Length of the common suffix of hist[:p] and hist[:n] (up to cap)."""
+    m = 0
+    while m < cap and p - 1 - m >= 0 and hist[p - 1 - m] == hist[n - 1 - m]:
+        m += 1
+    return m
+
+
+def _trie_to_tree(root_token: int, trie: Dict[Tuple[int, ...], int], budget: int) -> DraftTree:
+    tree = DraftTree.root_only(root_token)
+    total = sum(c for k, c in trie.items() if len(k) == 1)
+    # Most frequent first, shallow first; parents are always added before children.
+    order = sorted(trie.items(), key=lambda kv: (len(kv[0]), -kv[1]))
+    node_of: Dict[Tuple[int, ...], int] = {(): 0}
+    count_of: Dict[Tuple[int, ...], int] = {(): total}
+    best = sorted(order, key=lambda kv: (-kv[1], len(kv[0])))[: budget - 1]
+    chosen = {k for k, _ in best}
+    for key, count in order:
+        if key not in chosen or key[:-1] not in node_of:
+            continue
+        parent = node_of[key[:-1]]
+        score = tree.scores[parent] + math.log(count / max(count_of[key[:-1]], 1))
+        node_of[key] = tree.add(key[-1], parent, score)
+        count_of[key] = count
+    return tree

@@ -1,0 +1,134 @@
+"""SpecWorker: orchestrates one speculative step for the scheduler.
+
+It decides which decoding requests speculate (and with how many tree nodes), asks the
+drafter for trees, and after the target's verify pass picks each request's accepted path.
+Memory and batching stay in the scheduler; acceptance math lives in verify.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from sglang.srt.sampling.sampler import apply_logit_adjustments, logits_to_probs
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.speculative.tree import DraftTree
+from sglang.srt.speculative.verify import VerifyResult, verify_greedy, verify_sampling
+
+logger = logging.getLogger(__name__)
+
+ALGORITHMS = ("STANDALONE", "NGRAM")
+
+
+def resolve_spec_defaults(server_args) -> Tuple[int, int, int]:
+    """(num_steps, topk, num_draft_tokens) with upstream's automatic defaults."""
+    algo = server_args.speculative_algorithm.upper()
+    if algo == "NGRAM":
+        steps = server_args.speculative_num_steps or server_args.speculative_ngram_max_trie_depth
+        topk = server_args.speculative_eagle_topk or 1
+        draft = server_args.speculative_num_draft_tokens or 12
+        return steps, topk, draft
+    steps = server_args.speculative_num_steps or 3
+    topk = server_args.speculative_eagle_topk or 1
+    draft = server_args.speculative_num_draft_tokens
+    if topk == 1:
+        draft = steps + 1  # a chain: the root plus one token per step
+    elif draft is None:
+        draft = min(steps * topk, 8) + 1
+    return steps, topk, draft
+
+
+class SpecWorker:
+    def __init__(self, server_args, vocab_size: int, max_running: int, context_len: int,
+                 max_total_tokens: int, chunk_size: int) -> None:
+        self.algorithm = server_args.speculative_algorithm.upper()
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"--speculative-algorithm must be one of {ALGORITHMS}, "
+                             f"got {server_args.speculative_algorithm!r}")
+        self.num_steps, self.topk, self.num_draft_tokens = resolve_spec_defaults(server_args)
+        self.vocab_size = vocab_size
+        self.context_len = context_len
+        if self.algorithm == "NGRAM":
+            from sglang.srt.speculative.drafters.ngram import NgramDrafter
+
+            self.drafter = NgramDrafter(max_depth=max(self.num_draft_tokens - 1, 1))
+        else:
+            from sglang.srt.speculative.drafters.standalone import StandaloneDrafter
+
+            if not server_args.speculative_draft_model_path:
+                raise ValueError("--speculative-algorithm STANDALONE needs "
+                                 "--speculative-draft-model-path")
+            self.drafter = StandaloneDrafter(server_args, max_running, context_len,
+                                             max_total_tokens, self.num_steps, self.topk,
+                                             chunk_size)
+        self.total_verify_ct = 0
+        self.total_accepted_tokens = 0  # tokens emitted by decode steps
+
+    @property
+    def max_tree_nodes(self) -> int:
+        return self.num_draft_tokens
+
+    # ------------------------------------------------------------------ propose
+    def eligible(self, req) -> bool:
+        sp = req.sampling_params
+        return (not req.finished
+                and req.fill_len - req.kv_len == 1
+                and req.max_new_tokens - len(req.output_ids) >= 2
+                and sp.frequency_penalty == 0 and sp.presence_penalty == 0
+                and sp.repetition_penalty == 1
+                and len(req.output_ids) >= sp.min_new_tokens
+                and sp.regex is None and sp.json_schema is None and sp.ebnf is None)
+
+    def propose(self, reqs) -> Dict[int, DraftTree]:
+        cands = [r for r in reqs if self.eligible(r)]
+        budgets = [min(self.num_draft_tokens, self.context_len - r.fill_len,
+                       r.max_new_tokens - len(r.output_ids) + 1) for r in cands]
+        keep = [(r, b) for r, b in zip(cands, budgets) if b >= 2]
+        if not keep:
+            return {}
+        trees = self.drafter.propose([r for r, _ in keep], [b for _, b in keep])
+        return {id(r): t for (r, _), t in zip(keep, trees) if t is not None and len(t) > 1}
+
+    # ------------------------------------------------------------------ verify
+    def verify(self, req, tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
+        """logits: [len(tree), vocab] target logits at every tree node."""
+        info = SamplingBatchInfo.from_reqs([req], self.vocab_size).expand_rows([len(tree)])
+        adjusted = apply_logit_adjustments(logits.float(), info)
+        if req.sampling_params.is_greedy:
+            return verify_greedy(tree, adjusted.argmax(dim=-1).tolist())
+        return verify_sampling(tree, logits_to_probs(adjusted, info), req.generator)
+
+    def record(self, req, num_drafted: int, accepted: int, emitted: int) -> None:
+        req.spec_verify_ct += 1
+        req.spec_accept_token_num += accepted
+        hist = req.spec_accept_histogram
+        while len(hist) <= accepted:
+            hist.append(0)
+        hist[accepted] += 1
+        self.total_verify_ct += 1
+        self.total_accepted_tokens += emitted
+
+    def avg_accept_length(self) -> Optional[float]:
+        if not self.total_verify_ct:
+            return None
+        return self.total_accepted_tokens / self.total_verify_ct
+
+    def meta_info(self, req) -> dict:
+        ct = req.spec_verify_ct
+        drafted = ct * (self.num_draft_tokens - 1)
+        return {
+            "spec_verify_ct": ct,
+            "spec_accept_token_num": req.spec_accept_token_num,
+            "spec_draft_token_num": drafted,
+            "spec_accept_rate": req.spec_accept_token_num / drafted if drafted else 0.0,
+            "spec_accept_length": len(req.output_ids) / ct if ct else 0.0,
+            "spec_accept_histogram": list(req.spec_accept_histogram),
+        }
+
+    def release(self, req) -> None:
+        self.drafter.release(req)
+
+    def check_all_free(self) -> None:
+        self.drafter.check_all_free()
