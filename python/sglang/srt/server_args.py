@@ -51,6 +51,9 @@ class ServerArgs:
     served_model_name: Optional[str] = None
     chat_template: Optional[str] = None
     completion_template: Optional[str] = None
+    # Chat requests that leave temperature & co. unset take them from the model's
+    # generation_config.json ("model") or from the OpenAI defaults ("openai").
+    sampling_defaults: str = "model"
 
     # HTTP server
     host: str = "127.0.0.1"
@@ -133,6 +136,7 @@ class ServerArgs:
             "schedule_policy": ("fcfs", "lpm"),
             "attention_backend": ("torch_native", "triton", "flashinfer"),
             "log_level": ("debug", "info", "warning", "error", "critical"),
+            "sampling_defaults": ("model", "openai"),
         }
         for name, allowed in choices.items():
             value = getattr(self, name)

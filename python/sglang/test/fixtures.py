@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 from typing import Any, Dict
 
@@ -84,3 +85,63 @@ def build_tiny_model(arch: str, out_dir: str, seed: int = 0, **config_overrides:
         if os.path.exists(src):
             shutil.copy(src, os.path.join(out_dir, name))
     return out_dir
+
+
+def build_tiny_gguf(hf_dir: str, out_path: str, qtype: str = "F32") -> str:
+    """Write the tiny llama / qwen2 model in `hf_dir` as a llama.cpp GGUF (matrices in
+    `qtype`: F32 or Q8_0; norms and biases F32), permuting Q/K rows for `llama` as
+    llama.cpp's converter does. Returns `out_path`. No tokenizer metadata is written."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(hf_dir)
+    arch = cfg.model_type
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"tiny GGUF export supports llama and qwen2, not {arch!r}")
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    writer = gguf.GGUFWriter(out_path, arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_bos_token_id(cfg.bos_token_id)
+    writer.add_eos_token_id(cfg.eos_token_id)
+
+    def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+        # HF halves-per-head -> llama.cpp interleaved pairs (inverse of the loader's unpermute)
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    quant = gguf.GGMLQuantizationType[qtype]
+    for name, w in load_file(f"{hf_dir}/model.safetensors").items():
+        if name in top:
+            out = top[name]
+        else:
+            m = re.match(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$", name)
+            out = f"blk.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
+        if arch == "llama" and ".attn_q." in out:
+            w = permute(w, heads)
+        elif arch == "llama" and ".attn_k." in out:
+            w = permute(w, kv_heads)
+        if w.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(out, gguf.quants.quantize(w, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(out, np.ascontiguousarray(w, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path

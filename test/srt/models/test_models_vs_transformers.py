@@ -105,6 +105,27 @@ def test_prefix_split_equals_one_shot(tiny_llama_dir: str) -> None:
     assert runner.allocator.available_size() == runner.allocator.size
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_gguf_matches_transformers(arch: str, request: pytest.FixtureRequest, tmp_path) -> None:
+    """A tiny model exported to GGUF loads as transformers loads it (Q8_0), and an F32
+    export reproduces the original HF model exactly (so the Q/K un-permutation is right)."""
+    from transformers import AutoModelForCausalLM
+
+    from sglang.test.fixtures import build_tiny_gguf
+
+    folder = request.getfixturevalue(f"tiny_{arch}_dir")
+    tokens = _tokenize(folder)[1]
+    for qtype, reference in (("Q8_0", None), ("F32", _hf_from_folder(folder))):
+        path = build_tiny_gguf(folder, str(tmp_path / f"{arch}-{qtype}.gguf"), qtype)
+        if reference is None:
+            reference = AutoModelForCausalLM.from_pretrained(
+                str(tmp_path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+        with torch.no_grad():
+            ref = reference(torch.tensor([tokens])).logits[0]
+        ours = TinyRunner(path).prefill([tokens], all_logits=True)
+        assert rel_err(ours, ref) < 1e-5, qtype
+
+
 @pytest.fixture(scope="module")
 def smollm2_hf(smollm2_path: str):
     from transformers import AutoModelForCausalLM

@@ -1,97 +1,189 @@
-"""HTTP server: SGLang's native API on FastAPI + uvicorn (OpenAI routes in openai/)."""
+"""HTTP server: SGLang's native API and the OpenAI API on FastAPI + uvicorn (uvloop).
+
+Native errors are `{"error": {"message": ...}}` (400 for bad input, 503 when refused);
+OpenAI routes answer with OpenAI's flat error object. Lifecycle: /health answers 503 until
+the warm-up request finished and while draining; SIGTERM stops admitting, lets running
+requests finish, then exits 0; a dead child process logs why and exits 1.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import os
 import signal
-from typing import Any, Dict, Optional
+import time
+from typing import Any, Dict, List, Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
+from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
+from sglang.srt.entrypoints.openai.serving_base import (ClientDisconnected, SafeJSONResponse,
+                                                        error_object, json_bytes,
+                                                        until_disconnect)
 from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import RequestRefused, raise_if_refused
 from sglang.srt.server_args import ServerArgs
 from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
 
+_ADMIN_PATHS = ("/flush_cache",)
+
 
 class AppState:
-    tokenizer_manager = None
+    tokenizer_manager: Any = None
     server_args: Optional[ServerArgs] = None
     scheduler_info: Dict[str, Any] = {}
-    ready: bool = False
+    ready: bool = False  # warm-up done
+    draining: bool = False  # SIGTERM received: no new requests
+    shutting_down: bool = False  # children are being stopped on purpose
+    loop: Optional[asyncio.AbstractEventLoop] = None
+    chat: Any = None
+    completions: Any = None
 
 
 state = AppState()
-app = FastAPI()
 
 
-def error_response(message: str, status: int = 400) -> JSONResponse:
-    return JSONResponse({"error": {"message": message}}, status_code=status)
+@contextlib.asynccontextmanager
+async def lifespan(_app: FastAPI):
+    state.loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(_warm_up())
+    yield
+    task.cancel()
 
 
-@app.middleware("http")
-async def api_key_auth(request: Request, call_next):
-    key = state.server_args.api_key if state.server_args else None
-    path = request.url.path
-    if key and request.method != "OPTIONS" and not path.startswith(("/health", "/metrics")):
-        if request.headers.get("Authorization", "") != f"Bearer {key}":
-            return JSONResponse({"error": "Unauthorized"}, status_code=401)
-    return await call_next(request)
+app = FastAPI(lifespan=lifespan)
+
+
+# ---------------------------------------------------------------------- auth and draining
+class GateMiddleware:
+    """Bearer auth (all but /health*, /metrics and OPTIONS) and refusal while draining.
+    Plain ASGI, so streaming responses still see client disconnects."""
+
+    def __init__(self, asgi_app) -> None:
+        self.app = asgi_app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            refusal = _refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _refusal(scope) -> Optional[Response]:
+    args, path = state.server_args, scope["path"]
+    if args is None or scope["method"] == "OPTIONS":
+        return None
+    if not path.startswith(("/health", "/metrics")):
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"").decode("latin-1")
+        allowed = {f"Bearer {k}" for k in (args.api_key, args.admin_api_key) if k}
+        if path in _ADMIN_PATHS and args.admin_api_key:
+            allowed = {f"Bearer {args.admin_api_key}"}
+        if allowed and given not in allowed:
+            return SafeJSONResponse({"error": "Unauthorized"}, status_code=401)
+    if state.draining and not path.startswith(("/health", "/metrics")):
+        return _refused(path, "The server is shutting down; no new requests are accepted.", 503)
+    return None
+
+
+app.add_middleware(GateMiddleware)
+
+
+def native_error(message: str, status: int = 400) -> Response:
+    return SafeJSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _refused(path: str, message: str, status: int) -> Response:
+    if path.startswith("/v1/"):
+        return SafeJSONResponse(error_object(message, status), status_code=status)
+    return native_error(message, status)
+
+
+def error_response(exc: BaseException) -> Response:
+    if isinstance(exc, (ValueError, TypeError)):
+        return native_error(str(exc), 400)
+    if isinstance(exc, RequestRefused):
+        return native_error(str(exc), exc.status_code)
+    logger.exception("Internal error while serving a request")
+    return native_error(f"Internal server error: {exc}", 500)
 
 
 async def read_json(request: Request) -> Any:
+    import json
+
     try:
-        return await request.json()
+        return json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"The request body is not valid JSON: {e}")
+        raise ValueError(f"The request body is not valid JSON: {e}") from None
 
 
+# ---------------------------------------------------------------------- native API
 @app.api_route("/generate", methods=["POST", "PUT"])
 async def generate(request: Request):
+    t0 = time.perf_counter()
     try:
         obj = GenerateReqInput.from_json(await read_json(request))
-        agen = state.tokenizer_manager.generate_request(obj)
-        if obj.stream:
-            first = await agen.__anext__()  # surfaces validation errors as a 400
-            return StreamingResponse(_sse(first, agen, request), media_type="text/event-stream")
-        return JSONResponse(await agen.__anext__())
     except (ValueError, TypeError) as e:
-        return error_response(str(e))
-    except RuntimeError as e:
-        return error_response(str(e), 503)
-
-
-async def _sse(first, agen, request: Request):
+        return native_error(str(e))
+    agen = state.tokenizer_manager.generate_request(obj)
     try:
-        yield b"data: " + json.dumps(first).encode() + b"\n\n"
+        first = await until_disconnect(request, agen.__anext__())
+        if obj.stream and "index" not in first and first["meta_info"]["finish_reason"]:
+            raise_if_refused(first)  # e.g. the queue is full: a status, not a stream
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except Exception as e:
+        await agen.aclose()
+        return error_response(e)
+    if not obj.stream:
+        await agen.aclose()
+        _observe("generate_request", t0)
+        return SafeJSONResponse(first)
+    return StreamingResponse(_sse(first, agen), media_type="text/event-stream")
+
+
+async def _sse(first, agen):
+    """Chunks carry the cumulative text (SGLang's /generate contract), then [DONE]."""
+    try:
+        yield b"data: " + json_bytes(first) + b"\n\n"
         async for chunk in agen:
-            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-    except (ValueError, RuntimeError) as e:
-        yield b"data: " + json.dumps({"error": {"message": str(e)}}).encode() + b"\n\n"
+            yield b"data: " + json_bytes(chunk) + b"\n\n"
+    except (ValueError, RequestRefused) as e:
+        yield b"data: " + json_bytes({"error": {"message": str(e)}}) + b"\n\n"
     finally:
         await agen.aclose()  # aborts the request if the client went away
     yield b"data: [DONE]\n\n"
 
 
+def _observe(name: str, t0: float) -> None:
+    metrics = state.tokenizer_manager.metrics
+    if metrics is not None:
+        metrics.observe_handler(name, time.perf_counter() - t0)
+
+
 @app.get("/health")
 @app.get("/health_generate")
 async def health():
-    if not state.ready or state.tokenizer_manager.dead_message:
+    tm = state.tokenizer_manager
+    if not state.ready or state.draining or tm is None or tm.dead_message:
         return Response(status_code=503)
     obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0},
-                           rid=f"HEALTH_CHECK_{os.urandom(4).hex()}")
+                           rid=f"HEALTH_CHECK_{os.urandom(8).hex()}")
+    agen = tm.generate_request(obj)
     try:
-        agen = state.tokenizer_manager.generate_request(obj)
         await asyncio.wait_for(agen.__anext__(), timeout=20)
-        await agen.aclose()
         return Response(status_code=200)
     except Exception:
         return Response(status_code=503)
+    finally:
+        await agen.aclose()
 
 
 @app.get("/get_model_info")
@@ -109,19 +201,28 @@ async def model_info():
 @app.get("/server_info")
 async def server_info():
     internal = await state.tokenizer_manager.get_internal_state()
-    args = {k: v for k, v in vars(state.server_args).items()}
-    internal_state = {**args, **internal}
+    args = dict(vars(state.server_args))
+    internal_state = {**args, **internal, "last_gen_throughput": _throughput()}
     internal_state.setdefault("avg_spec_accept_length", None)
-    return {**args, "status": "ready", **{k: internal[k] for k in (
-        "max_total_num_tokens", "max_req_input_len")},
-        "internal_states": [internal_state], "version": __version__}
+    return SafeJSONResponse({
+        **args, "status": "ready" if state.ready else "starting",
+        "max_total_num_tokens": internal["max_total_num_tokens"],
+        "max_req_input_len": internal["max_req_input_len"],
+        "internal_states": [internal_state], "version": __version__})
+
+
+def _throughput() -> float:
+    metrics = state.tokenizer_manager.metrics
+    return float(metrics.gen_throughput._value.get()) if metrics is not None else 0.0
 
 
 @app.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache():
     out = await state.tokenizer_manager.flush_cache()
     if out.success:
-        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details.")
+        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. "
+                                 "(When there are running or waiting requests, the operation "
+                                 "will not be performed.)\n")
     return PlainTextResponse(out.message, status_code=400)
 
 
@@ -129,34 +230,134 @@ async def flush_cache():
 async def abort_request(request: Request):
     try:
         body = await read_json(request)
+        if not isinstance(body, dict):
+            raise ValueError("The request body must be a JSON object.")
+        rid, abort_all = body.get("rid", ""), bool(body.get("abort_all", False))
+        if not abort_all and (not isinstance(rid, str) or not rid):
+            raise ValueError("Give the rid (a string) of the request to abort, or abort_all: true.")
     except ValueError as e:
-        return error_response(str(e))
-    rid = body.get("rid", "") if isinstance(body, dict) else ""
-    state.tokenizer_manager.abort_request(rid if not body.get("abort_all") else "")
+        return native_error(str(e))
+    state.tokenizer_manager.abort_request("" if abort_all else rid)
     return Response(status_code=200)
+
+
+@app.get("/metrics")
+async def metrics():
+    collector = state.tokenizer_manager.metrics
+    if collector is None:
+        return native_error("Metrics are off; start the server with --enable-metrics.", 404)
+    collector.refresh(await state.tokenizer_manager.get_internal_state())
+    body, content_type = collector.render()
+    return Response(body, media_type=content_type)
+
+
+# ---------------------------------------------------------------------- OpenAI API
+def _model_card() -> ModelCard:
+    name = state.server_args.served_model_name
+    return ModelCard(id=name, root=name, max_model_len=state.tokenizer_manager.context_len)
+
+
+@app.get("/v1/models")
+async def list_models():
+    return SafeJSONResponse(ModelList(data=[_model_card()]).model_dump())
+
+
+@app.get("/v1/models/{model:path}")
+async def retrieve_model(model: str):
+    if model != state.server_args.served_model_name:
+        err = {"message": f"The model '{model}' does not exist",
+               "type": "invalid_request_error", "param": "model", "code": "model_not_found"}
+        return SafeJSONResponse({"error": err}, status_code=404)
+    return SafeJSONResponse(_model_card().model_dump())
+
+
+@app.post("/v1/completions")
+async def openai_completions(request: Request):
+    return await state.completions.handle(request)
+
+
+@app.post("/v1/chat/completions")
+async def openai_chat_completions(request: Request):
+    return await state.chat.handle(request)
+
+
+# ---------------------------------------------------------------------- lifecycle
+async def _warm_up() -> None:
+    """One short request before /health turns 200 (skipped with --skip-server-warmup)."""
+    tm = state.tokenizer_manager
+    if not state.server_args.skip_server_warmup:
+        obj = GenerateReqInput(sampling_params={"max_new_tokens": 4, "temperature": 0},
+                               rid=f"WARMUP_{os.urandom(8).hex()}",
+                               **({"input_ids": [10, 11, 12]} if tm.tokenizer is None
+                                  else {"text": "The capital city of France is"}))
+        try:
+            agen = tm.generate_request(obj)
+            await agen.__anext__()
+            await agen.aclose()
+        except Exception as e:  # the server still serves; health shows the real state
+            logger.error("The warm-up request failed: %s", e)
+    state.ready = True
+    logger.info("The server is fired up and ready to roll!")
+
+
+class _Server:
+    """uvicorn.Server whose SIGTERM drains instead of cutting requests off."""
+
+    @staticmethod
+    def make(config):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig, frame) -> None:
+                if sig == signal.SIGTERM and not state.draining and state.loop is not None:
+                    state.draining = True
+                    state.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(_drain(self)))
+                    return
+                super().handle_exit(sig, frame)  # SIGINT, or a second SIGTERM: stop now
+
+        return Server(config)
+
+
+async def _drain(server) -> None:
+    tm = state.tokenizer_manager
+    logger.info("SIGTERM received: finishing %d running request(s), then exiting.", tm.num_unfinished)
+    while tm.num_unfinished > 0 and not tm.dead_message:
+        await asyncio.sleep(0.05)
+    server.should_exit = True
 
 
 def launch_server(server_args: ServerArgs) -> None:
     import uvicorn
 
     from sglang.srt.entrypoints.launch import launch_subprocesses, watch_children
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+    from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
     from sglang.srt.utils.process import kill_process_tree
 
     logging.basicConfig(level=getattr(logging, server_args.log_level.upper()),
                         format="[%(asctime)s] %(levelname)s %(message)s")
     tm, procs, info, _ = launch_subprocesses(server_args)
+    if server_args.enable_metrics:
+        from sglang.srt.metrics.collector import TokenizerMetrics
+
+        tm.metrics = TokenizerMetrics(server_args.served_model_name)
     state.tokenizer_manager, state.server_args, state.scheduler_info = tm, server_args, info
-    state.ready = True
+    state.chat, state.completions = OpenAIServingChat(tm), OpenAIServingCompletion(tm)
 
     def on_death(message: str) -> None:
+        if state.shutting_down:
+            return
         logger.error("%s Shutting the server down.", message)
         kill_process_tree(procs)
         os._exit(1)
 
     watch_children(procs, on_death)
+    config = uvicorn.Config(app, host=server_args.host, port=server_args.port,
+                            log_level=server_args.log_level_http or "warning", loop="uvloop",
+                            timeout_keep_alive=5)
     try:
-        uvicorn.run(app, host=server_args.host, port=server_args.port,
-                    log_level=server_args.log_level_http or "warning", loop="uvloop",
-                    timeout_keep_alive=5)
+        _Server.make(config).run()
     finally:
+        state.shutting_down = True
         kill_process_tree(procs)
+    logger.info("The server has shut down.")

@@ -1,6 +1,11 @@
 """Start the scheduler and detokenizer processes and the in-process TokenizerManager.
 
 Shared by the HTTP server and the offline Engine: the same three parts either way.
+
+Start-up cost: the tokenizer is loaded once, by the scheduler (which imports torch and
+transformers anyway), and handed to this process and to the detokenizer by pickle, so
+neither of them imports torch or re-reads the tokenizer files. The detokenizer starts at
+once and waits for it; this process pre-imports transformers' tokenizer classes meanwhile.
 """
 
 from __future__ import annotations
@@ -10,9 +15,10 @@ import multiprocessing as mp
 import tempfile
 import threading
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List
 
-from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+from sglang.srt.managers.detokenizer_manager import (_preimport_tokenizer_modules,
+                                                     run_detokenizer_process)
 from sglang.srt.managers.scheduler_process import PortArgs, run_scheduler_process
 from sglang.srt.server_args import ServerArgs
 
@@ -26,23 +32,46 @@ class ChildStartError(RuntimeError):
 def launch_subprocesses(server_args: ServerArgs):
     """Returns (tokenizer_manager, processes, scheduler_info, ipc_folder)."""
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.utils.process import kill_process_tree
 
     folder = tempfile.mkdtemp(prefix="sglang-ipc-")
     addrs = PortArgs.new(folder)
     ctx = mp.get_context("spawn")
     sched_r, sched_w = ctx.Pipe(duplex=False)
     detok_r, detok_w = ctx.Pipe(duplex=False)
+    tok_r, tok_w = ctx.Pipe(duplex=False)  # this process -> detokenizer: the tokenizer
     sched = ctx.Process(target=run_scheduler_process, args=(server_args, addrs, sched_w),
                         name="sglang-scheduler", daemon=True)
-    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, addrs, detok_w),
+    detok = ctx.Process(target=run_detokenizer_process,
+                        args=(server_args, addrs, detok_w, tok_r),
                         name="sglang-detokenizer", daemon=True)
     sched.start()
     detok.start()
     procs = [sched, detok]
-    info = _wait_ready(sched_r, sched, "scheduler")
-    _wait_ready(detok_r, detok, "detokenizer")
-    tm = TokenizerManager(server_args, addrs, info)
+    try:
+        skip = server_args.skip_tokenizer_init
+        if not skip:
+            _preimport_tokenizer_modules()
+        first = _wait_ready(sched_r, sched, "scheduler")
+        tokenizer = first.get("tokenizer") if isinstance(first, dict) else None
+        if not skip:
+            # A pipe write blocks until the reader drains it: never block the launcher on a
+            # child that may have died.
+            threading.Thread(target=_send_quietly, args=(tok_w, tokenizer), daemon=True).start()
+        info = _wait_ready(sched_r, sched, "scheduler")
+        _wait_ready(detok_r, detok, "detokenizer")
+    except BaseException:
+        kill_process_tree(procs)
+        raise
+    tm = TokenizerManager(server_args, addrs, info, tokenizer=tokenizer)
     return tm, procs, info, folder
+
+
+def _send_quietly(pipe, obj: Any) -> None:
+    try:
+        pipe.send(obj)
+    except (OSError, EOFError):  # the detokenizer died; its watcher reports that
+        pass
 
 
 def _wait_ready(pipe, proc, name: str):

@@ -59,11 +59,14 @@ class IncrementalDetokenizer:
         return text
 
 
-def run_detokenizer_process(server_args, addrs, ready_pipe) -> None:
-    """Process entry: pull BatchTokenIDOut from the scheduler, push text to the tokenizer side."""
+def run_detokenizer_process(server_args, addrs, ready_pipe, tokenizer_pipe=None) -> None:
+    """Process entry: pull BatchTokenIDOut from the scheduler, push text to the tokenizer side.
+
+    The tokenizer normally arrives over `tokenizer_pipe` (loaded once, by the scheduler);
+    it is loaded here only when none arrives (no pipe, or it could not be pickled).
+    """
     import zmq
 
-    from sglang.srt.model_loader.loader import load_tokenizer
     from sglang.srt.utils.process import configure_child_logging, watch_parent
 
     configure_child_logging(server_args.log_level, "detokenizer")
@@ -73,8 +76,16 @@ def run_detokenizer_process(server_args, addrs, ready_pipe) -> None:
     recv.bind(addrs.detokenizer)
     send = ctx.socket(zmq.PUSH)
     send.connect(addrs.tokenizer)
-    detok = IncrementalDetokenizer(
-        None if server_args.skip_tokenizer_init else load_tokenizer(server_args.tokenizer_path))
+    tokenizer = None
+    if not server_args.skip_tokenizer_init:
+        if tokenizer_pipe is not None:
+            _preimport_tokenizer_modules()
+            tokenizer = tokenizer_pipe.recv()
+        if tokenizer is None:
+            from sglang.srt.model_loader.loader import load_tokenizer
+
+            tokenizer = load_tokenizer(server_args.tokenizer_path)
+    detok = IncrementalDetokenizer(tokenizer)
     ready_pipe.send("ready")
     while True:
         msg = recv.recv_pyobj()
@@ -83,3 +94,13 @@ def run_detokenizer_process(server_args, addrs, ready_pipe) -> None:
         elif isinstance(msg, BatchTokenIDOut):
             msg = BatchStrOut([ReqStrUpdate(u, "") for u in msg.updates])
         send.send_pyobj(msg)
+
+
+def _preimport_tokenizer_modules() -> None:
+    """Import transformers' tokenizer classes while the scheduler loads the tokenizer, so
+    unpickling it is quick. Only a speed-up: failures are ignored."""
+    try:
+        import transformers  # noqa: F401
+        from transformers import PreTrainedTokenizerFast  # noqa: F401
+    except Exception:  # pragma: no cover
+        pass

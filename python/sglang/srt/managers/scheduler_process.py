@@ -1,15 +1,23 @@
-"""The scheduler's process: receive requests over ZMQ, step the scheduler, send updates."""
+"""The scheduler's process: receive requests over ZMQ, step the scheduler, send updates.
+
+Start-up protocol over `ready_pipe` (the launcher reads it): first `{"tokenizer": tok}`
+(tok may be None when it cannot be pickled), sent as soon as the tokenizer is loaded so the
+HTTP process and the detokenizer need not load it again; then the scheduler info dict, or
+`{"error": ..., "traceback": ...}` if start-up failed.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
+import pickle
 import traceback
 
 from sglang.srt.managers.io_struct import (AbortReq, BatchTokenIDOut, FlushCacheOutput,
                                            FlushCacheReq, GetInternalStateOutput,
-                                           GetInternalStateReq, TokenizedGenerateReqInput)
+                                           GetInternalStateReq, ReqUpdate,
+                                           TokenizedGenerateReqInput)
 
 logger = logging.getLogger(__name__)
 
@@ -28,19 +36,29 @@ class PortArgs:
                    detokenizer=f"ipc://{folder}/detokenizer")
 
 
-def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe) -> None:
-    import torch
-    import zmq
-
-    from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.model_loader.loader import load_tokenizer
-    from sglang.srt.utils.process import configure_child_logging, watch_parent
-
-    configure_child_logging(server_args.log_level, "scheduler")
-    watch_parent()
-    torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+def shareable(tokenizer):
+    """The tokenizer if it survives pickling (custom remote-code tokenizers may not)."""
     try:
+        pickle.dumps(tokenizer)
+        return tokenizer
+    except Exception:  # pragma: no cover - depends on the tokenizer class
+        return None
+
+
+def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe) -> None:
+    try:
+        import torch
+        import zmq
+
+        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.model_loader.loader import load_tokenizer
+        from sglang.srt.utils.process import configure_child_logging, watch_parent
+
+        configure_child_logging(server_args.log_level, "scheduler")
+        watch_parent()
+        torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
         tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(server_args.tokenizer_path)
+        ready_pipe.send({"tokenizer": shareable(tokenizer)})
         scheduler = Scheduler(server_args, tokenizer=tokenizer)
     except Exception as e:  # the launcher shows this and exits non-zero
         ready_pipe.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
@@ -72,6 +90,9 @@ def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe) -> None:
 
 def handle_message(scheduler, msg):
     if isinstance(msg, TokenizedGenerateReqInput):
+        limit = scheduler.server_args.max_queued_requests
+        if limit is not None and len(scheduler.waiting) >= limit:
+            return BatchTokenIDOut([queue_full_update(msg, limit)])
         upd = scheduler.add_request(msg)
         return BatchTokenIDOut([upd]) if upd is not None else None
     if isinstance(msg, AbortReq):
@@ -86,16 +107,29 @@ def handle_message(scheduler, msg):
     return None
 
 
+def queue_full_update(msg: TokenizedGenerateReqInput, limit: int) -> ReqUpdate:
+    """Refuse a request at once: the waiting queue already holds --max-queued-requests."""
+    reason = {"type": "abort", "status_code": 503, "err_type": "ServiceUnavailable",
+              "message": f"The request queue is full ({limit} requests waiting; "
+                         f"--max-queued-requests {limit}). Retry later."}
+    return ReqUpdate(rid=msg.rid, new_output_ids=[], finished_reason=reason,
+                     prompt_tokens=len(msg.input_ids), cached_tokens=0, completion_tokens=0)
+
+
 def scheduler_info(scheduler) -> dict:
+    cfg = scheduler.runner.config
     return {
         "max_total_num_tokens": scheduler.allocator.size,
         "available_kv_tokens": scheduler.allocator.available_size(),
         "context_len": scheduler.context_len,
         "max_req_input_len": scheduler.context_len - 1,
         "vocab_size": scheduler.runner.vocab_size,
+        "max_running_requests": scheduler.max_running,
         "num_running_reqs": len(scheduler.running),
         "num_waiting_reqs": len(scheduler.waiting),
         "cache_evictable_tokens": scheduler.tree_cache.evictable_size(),
         "load_seconds": scheduler.runner.load_seconds,
         "dtype": str(scheduler.runner.dtype).replace("torch.", ""),
+        "model_type": getattr(cfg, "model_type", None),
+        "architectures": getattr(cfg, "architectures", None),
     }

@@ -2,6 +2,9 @@
 
 Runs on the asyncio loop of the HTTP server (or of the offline Engine). Requests go to the
 scheduler process over ZMQ; text comes back from the detokenizer process.
+
+Errors a client caused raise ValueError (HTTP 400); a request the engine refused for
+load or health reasons raises RequestRefused with its HTTP status (503, 500).
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+_LOAD_TOKENIZER = object()  # sentinel: "no tokenizer handed in, load it here"
+
+
+class RequestRefused(RuntimeError):
+    """The engine refused or dropped a request (queue full, shutting down, scheduler gone)."""
+
+    def __init__(self, message: str, status_code: int = 503) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
 
 @dataclasses.dataclass
 class ReqState:
@@ -33,26 +46,36 @@ class ReqState:
     queue: "asyncio.Queue[ReqStrUpdate]"
     created: float
     prompt_ids: List[int]
+    sampling_params: Optional[SamplingParams] = None
+    logprob_start_len: int = -1
+    stream: bool = False
     output_ids: List[int] = dataclasses.field(default_factory=list)
     text: str = ""
     finished: bool = False
     meta_logprobs: Dict[str, list] = dataclasses.field(default_factory=dict)
+    first_token_time: Optional[float] = None  # for TTFT / inter-token latency metrics
+    last_token_time: Optional[float] = None
 
 
 class TokenizerManager:
-    def __init__(self, server_args, addrs, scheduler_info: Dict[str, Any]) -> None:
-        from sglang.srt.model_loader.loader import load_tokenizer
-
+    def __init__(self, server_args, addrs, scheduler_info: Dict[str, Any],
+                 tokenizer: Any = _LOAD_TOKENIZER) -> None:
         self.server_args = server_args
         self.scheduler_info = scheduler_info
         self.context_len = scheduler_info["context_len"]
         self.vocab_size = scheduler_info["vocab_size"]
-        self.tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(
-            server_args.tokenizer_path)
+        if server_args.skip_tokenizer_init:
+            tokenizer = None
+        elif tokenizer is _LOAD_TOKENIZER or tokenizer is None:
+            from sglang.srt.model_loader.loader import load_tokenizer
+
+            tokenizer = load_tokenizer(server_args.tokenizer_path)
+        self.tokenizer = tokenizer
         self.bos_id = tokenizer_adds_bos(self.tokenizer) if self.tokenizer is not None else None
         self.addrs = addrs
         self.rid_to_state: Dict[str, ReqState] = {}
         self.dead_message: Optional[str] = None
+        self.metrics = None  # a metrics.collector.TokenizerMetrics when --enable-metrics
         self._ctx = zmq.asyncio.Context()
         self._send = self._ctx.socket(zmq.PUSH)
         self._send.connect(addrs.scheduler)
@@ -87,6 +110,10 @@ class TokenizerManager:
         for state in self.rid_to_state.values():
             state.queue.put_nowait(None)  # type: ignore[arg-type]
 
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.rid_to_state)
+
     # ------------------------------------------------------------------ tokenization
     def tokenize(self, single: SingleReq) -> List[int]:
         if single.text is not None:
@@ -104,60 +131,96 @@ class TokenizerManager:
         return ids
 
     def _check_length(self, ids: List[int], sp: SamplingParams) -> List[int]:
-        limit = self.context_len - 1
-        if len(ids) > limit:
-            if self.server_args.allow_auto_truncate:
-                return ids[:limit]
-            raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's context "
-                             f"length ({self.context_len} tokens). Shorten it, or start the server "
-                             f"with --allow-auto-truncate.")
-        if sp.max_new_tokens is not None and len(ids) + sp.max_new_tokens > self.context_len:
-            # Upstream's behaviour: generation stops at the context end (not an error).
-            sp.max_new_tokens = self.context_len - len(ids)
+        """SGLang's rules: the prompt must be shorter than the context, and prompt +
+        max_new_tokens must stay below it; --allow-auto-truncate trims instead of refusing."""
+        ctx = self.context_len
+        if len(ids) >= ctx:
+            if not self.server_args.allow_auto_truncate:
+                raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's "
+                                 f"context length ({ctx} tokens).")
+            logger.warning("The input (%d tokens) is longer than the context length (%d tokens); "
+                           "truncating it.", len(ids), ctx)
+            ids = ids[: ctx - 1]
+        mnt = sp.max_new_tokens
+        if mnt is None:  # an explicit null: generate up to the end of the context
+            sp.max_new_tokens = ctx - len(ids)
+        elif len(ids) + mnt >= ctx:
+            if not self.server_args.allow_auto_truncate:
+                raise ValueError(
+                    f"Requested token count exceeds the model's maximum context length of {ctx} "
+                    f"tokens. You requested a total of {len(ids) + mnt} tokens: {len(ids)} tokens "
+                    f"from the input messages and {mnt} tokens for the completion. Please reduce "
+                    f"the number of tokens in the input messages or the completion to fit within "
+                    f"the limit.")
+            sp.max_new_tokens = max(0, ctx - len(ids))
         return ids
+
+    @staticmethod
+    def _logprob_start(single: SingleReq, n_ids: int, sp: SamplingParams) -> int:
+        """-1 means output logprobs only: then the input list is just the last prompt token
+        (null logprob), or empty for a prefill-only request, as upstream reports it."""
+        start = single.logprob_start_len
+        prefill_only = sp.max_new_tokens == 0
+        if not single.return_logprob:
+            return -1
+        if not isinstance(start, int) or isinstance(start, bool) or start < -1:
+            raise ValueError(f"logprob_start_len must be an integer >= -1, got {start!r}")
+        if start == -1:
+            return n_ids if prefill_only else n_ids - 1
+        if start >= n_ids and not prefill_only:
+            raise ValueError(f"logprob_start_len ({start}) must be smaller than the number of "
+                             f"input tokens ({n_ids}). Please use a smaller logprob_start_len.")
+        return start
 
     def prepare(self, obj: GenerateReqInput) -> List[ReqState]:
         """Validate, tokenize and register every sub-request; raises ValueError on bad input."""
+        check_request_types(obj)
         singles = obj.split()
         states = []
         for single in singles:
             sp = SamplingParams.from_dict(single.sampling_params)
+            if single.sampling_params.get("max_new_tokens", 0) is None:
+                sp.max_new_tokens = None  # upstream: null means "no limit but the context"
             sp.verify(self.vocab_size)
+            if sp.stream_interval is None:
+                sp.stream_interval = self.server_args.stream_interval
             ids = self._check_length(self.tokenize(single), sp)
-            if single.logprob_start_len is not None and single.logprob_start_len >= len(ids):
-                raise ValueError(f"logprob_start_len ({single.logprob_start_len}) must be smaller "
-                                 f"than the prompt length ({len(ids)} tokens).")
+            start = self._logprob_start(single, len(ids), sp)
+            if single.top_logprobs_num > self.vocab_size:
+                raise ValueError(f"top_logprobs_num ({single.top_logprobs_num}) must not exceed "
+                                 f"the vocabulary size ({self.vocab_size}).")
             rid = single.rid or uuid.uuid4().hex
-            if rid in self.rid_to_state:
+            if rid in self.rid_to_state or any(s.rid == rid for s in states):
                 raise ValueError(f"Duplicate request id {rid!r}.")
-            state = ReqState(single, rid, asyncio.Queue(), time.time(), ids)
-            state.sampling_params = sp  # type: ignore[attr-defined]
-            states.append(state)
+            states.append(ReqState(single, rid, asyncio.Queue(), time.time(), ids, sp, start,
+                                   bool(obj.stream)))
         return states
 
-    def _send_req(self, state: ReqState, stream: bool) -> None:
+    def _send_req(self, state: ReqState) -> None:
         s = state.single
         self.rid_to_state[state.rid] = state
         self._send.send_pyobj(TokenizedGenerateReqInput(
-            rid=state.rid, input_ids=state.prompt_ids,
-            sampling_params=state.sampling_params,  # type: ignore[attr-defined]
-            return_logprob=s.return_logprob, logprob_start_len=s.logprob_start_len,
+            rid=state.rid, input_ids=state.prompt_ids, sampling_params=state.sampling_params,
+            return_logprob=s.return_logprob, logprob_start_len=state.logprob_start_len,
             top_logprobs_num=s.top_logprobs_num, token_ids_logprob=s.token_ids_logprob,
-            stream=stream, input_text=s.text))
+            stream=state.stream, input_text=s.text))
 
     # ------------------------------------------------------------------ generate
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[Any]:
-        """Yield response dicts: one final (dict or list) unless obj.stream, then chunks."""
+        """Yield response dicts: one final (dict or list) unless obj.stream, then chunks.
+
+        Cancelling or closing the iterator aborts every unfinished sub-request (this is
+        how a client that went away frees its KV slots)."""
         self._ensure_loop()
         if self.dead_message:
-            raise RuntimeError(self.dead_message)
+            raise RequestRefused(self.dead_message, 503)
         states = self.prepare(obj)
         batch = obj.is_batch() or len(states) > 1
-        if len(states) > 1 and len({s.single.prompt_index for s in states}) < len(states):
-            await self._warm_prefixes(states)
-        for st in states:
-            self._send_req(st, obj.stream)
         try:
+            if len(states) > 1 and len({s.single.prompt_index for s in states}) < len(states):
+                await self._warm_prefixes(states)
+            for st in states:
+                self._send_req(st)
             if obj.stream:
                 async for chunk in self._stream(states, batch):
                     yield chunk
@@ -166,56 +229,63 @@ class TokenizerManager:
                 yield results if batch else results[0]
         finally:
             for st in states:
-                if not st.finished:
+                if not st.finished and st.rid in self.rid_to_state:
                     self.abort_request(st.rid)
                 self.rid_to_state.pop(st.rid, None)
 
     async def _warm_prefixes(self, states: List[ReqState]) -> None:
         """n > 1: run each prompt once with max_new_tokens 0 so the samples share its KV."""
-        seen = {}
+        seen: Dict[int, ReqState] = {}
         for st in states:
             seen.setdefault(st.single.prompt_index, st)
         warmers = []
         for st in seen.values():
-            sp = SamplingParams.from_dict({"max_new_tokens": 0})
-            w = ReqState(st.single, uuid.uuid4().hex, asyncio.Queue(), time.time(), st.prompt_ids)
-            w.sampling_params = sp  # type: ignore[attr-defined]
-            w.single = dataclasses.replace(st.single, return_logprob=False)
-            self._send_req(w, False)
+            w = ReqState(dataclasses.replace(st.single, return_logprob=False), uuid.uuid4().hex,
+                         asyncio.Queue(), time.time(), st.prompt_ids,
+                         SamplingParams.from_dict({"max_new_tokens": 0}))
+            self._send_req(w)
             warmers.append(w)
         try:
             await asyncio.gather(*[self._wait_final(w) for w in warmers])
         finally:
             for w in warmers:
+                if not w.finished:
+                    self.abort_request(w.rid)
                 self.rid_to_state.pop(w.rid, None)
 
     async def _next(self, state: ReqState) -> Dict[str, Any]:
         upd = await state.queue.get()
         if upd is None:
-            raise RuntimeError(self.dead_message or "The scheduler stopped.")
+            raise RequestRefused(self.dead_message or "The scheduler stopped.", 503)
         return self._apply(state, upd)
 
     async def _wait_final(self, state: ReqState) -> Dict[str, Any]:
         while True:
             out = await self._next(state)
             if state.finished:
+                raise_if_refused(out)
                 return out
 
     async def _stream(self, states: List[ReqState], batch: bool) -> AsyncIterator[Dict[str, Any]]:
         pending = {asyncio.ensure_future(self._next(st)): st for st in states}
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
-                st = pending.pop(fut)
-                out = fut.result()
-                if batch:
-                    out["index"] = st.single.index
-                yield out
-                if not st.finished:
-                    pending[asyncio.ensure_future(self._next(st))] = st
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    st = pending.pop(fut)
+                    out = fut.result()
+                    if batch:
+                        out["index"] = st.single.index
+                    yield out
+                    if not st.finished:
+                        pending[asyncio.ensure_future(self._next(st))] = st
+        finally:
+            for fut in pending:
+                fut.cancel()
 
     def _apply(self, state: ReqState, su: ReqStrUpdate) -> Dict[str, Any]:
         upd = su.update
+        now = time.time()
         state.output_ids.extend(upd.new_output_ids)
         state.text = su.text
         state.finished = upd.finished_reason is not None
@@ -235,10 +305,15 @@ class TokenizerManager:
             meta.update(state.meta_logprobs)
             meta["output_token_logprobs_length"] = len(state.meta_logprobs["output_token_logprobs"])
         if state.finished:
-            meta["e2e_latency"] = time.time() - state.created
+            meta["e2e_latency"] = now - state.created
         out: Dict[str, Any] = {"output_ids": list(state.output_ids), "meta_info": meta}
         if self.tokenizer is not None:
             out = {"text": state.text, **out}
+        if self.metrics is not None:
+            self.metrics.on_update(state, upd, now)
+        if upd.new_output_ids:
+            state.first_token_time = state.first_token_time or now
+            state.last_token_time = now
         if state.finished:
             for hook in self.on_finish:
                 hook(state, out)
@@ -298,3 +373,51 @@ class TokenizerManager:
         self._send.close(linger=0)
         self._recv.close(linger=0)
         self._ctx.term()
+
+
+def raise_if_refused(out: Dict[str, Any]) -> None:
+    """A final output whose finish reason is an abort with a status code becomes an error:
+    400 -> ValueError, others (503 queue full, 500) -> RequestRefused."""
+    reason = out["meta_info"].get("finish_reason")
+    if not isinstance(reason, dict) or reason.get("type") != "abort":
+        return
+    status = reason.get("status_code")
+    if status == 400:
+        raise ValueError(reason.get("message", "Bad request."))
+    if status is not None:
+        raise RequestRefused(reason.get("message", "The request was refused."), int(status))
+
+
+_MAX_N = 1024
+
+
+def check_request_types(obj: GenerateReqInput) -> None:
+    """Type checks for the top-level /generate fields that split() takes on trust, so a
+    wrong type is a 400 with a message instead of a crash or a silent coercion."""
+
+    def each(value: Any) -> List[Any]:
+        return value if isinstance(value, list) else [value]
+
+    def is_int(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    for name in ("stream", "return_text_in_logprobs"):
+        if not isinstance(getattr(obj, name), bool):
+            raise ValueError(f"{name} must be true or false, got {getattr(obj, name)!r}")
+    if not all(isinstance(v, bool) for v in each(obj.return_logprob)):
+        raise ValueError(f"return_logprob must be a boolean (or a list of them), got {obj.return_logprob!r}")
+    for name in ("logprob_start_len", "top_logprobs_num"):
+        value = getattr(obj, name)
+        if value is not None and not all(v is None or is_int(v) for v in each(value)):
+            raise ValueError(f"{name} must be an integer (or a list of them), got {value!r}")
+    if obj.top_logprobs_num is not None and any(v is not None and v < 0 for v in each(obj.top_logprobs_num)):
+        raise ValueError(f"top_logprobs_num must be non-negative, got {obj.top_logprobs_num!r}")
+    if obj.rid is not None and not all(isinstance(r, str) for r in each(obj.rid)):
+        raise ValueError(f"rid must be a string (or a list of strings), got {obj.rid!r}")
+    sps = obj.sampling_params
+    for sp in each(sps) if sps is not None else []:
+        if not isinstance(sp, dict):
+            raise ValueError("sampling_params must be an object (or a list of objects for a batch).")
+        n = sp.get("n", 1)
+        if n is not None and (not is_int(n) or not 1 <= n <= _MAX_N):
+            raise ValueError(f"n must be an integer between 1 and {_MAX_N}, got {n!r}")

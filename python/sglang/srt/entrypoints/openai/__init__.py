@@ -1,0 +1,1 @@
+"""OpenAI-compatible endpoints (/v1/models, /v1/completions, /v1/chat/completions)."""

@@ -1,0 +1,116 @@
+"""Prometheus collectors with SGLang's `sglang:` names and the `model_name` label.
+
+Fed from the tokenizer manager (one call per request update) and, at scrape time, from the
+scheduler's internal state (running / queued requests, KV usage). Everything lives in one
+process, so a private CollectorRegistry suffices (no multiprocess mode).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Deque, Dict, Tuple
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                 2.5, 5.0, 7.5, 10.0, 15.0, 20.0, 25.0, 30.0, 60.0, 120.0, 300.0)
+_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.075,
+                0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0, 5.0)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                50.0, 60.0, 90.0, 120.0, 300.0, 600.0, 1200.0)
+
+# Generation throughput is averaged over this many recent seconds.
+_THROUGHPUT_WINDOW_S = 10.0
+
+
+class TokenizerMetrics:
+    def __init__(self, model_name: str) -> None:
+        import prometheus_client as pc
+
+        # SGLang's multiprocess collectors emit no *_created series; match that.
+        pc.disable_created_metrics()
+        self.registry = pc.CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        reg, labels = self.registry, ["model_name"]
+
+        def counter(name: str, doc: str):
+            return pc.Counter(name, doc, labels, registry=reg).labels(model_name)
+
+        def gauge(name: str, doc: str):
+            return pc.Gauge(name, doc, labels, registry=reg).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets):
+            return pc.Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(model_name)
+
+        self.prompt_tokens = counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("sglang:generation_tokens", "Number of generation tokens processed.")
+        self.cached_tokens = counter("sglang:cached_tokens", "Number of prompt tokens served from the prefix cache.")
+        self.num_requests = counter("sglang:num_requests", "Number of finished requests.")
+        self.num_aborted = counter("sglang:num_aborted_requests", "Number of aborted requests.")
+        self.ttft = histogram("sglang:time_to_first_token_seconds", "Time to first token (streaming requests).", _TTFT_BUCKETS)
+        self.itl = histogram("sglang:inter_token_latency_seconds", "Latency between output tokens.", _ITL_BUCKETS)
+        self.tpot = histogram("sglang:time_per_output_token_seconds", "Average time per output token of a request.", _ITL_BUCKETS)
+        self.e2e = histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency.", _E2E_BUCKETS)
+        self.num_running = gauge("sglang:num_running_reqs", "Number of running requests.")
+        self.num_queue = gauge("sglang:num_queue_reqs", "Number of requests waiting in the queue.")
+        self.token_usage = gauge("sglang:token_usage", "Fraction of KV slots in use.")
+        self.gen_throughput = gauge("sglang:gen_throughput", "Generation throughput (tokens/s).")
+        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "Prefix cache hit rate (cached / prompt tokens).")
+        self.max_total_tokens = gauge("sglang:max_total_num_tokens", "Size of the KV pool in tokens.")
+        self._func_latency = pc.Histogram("sglang:func_latency_seconds", "Latency of HTTP handlers.",
+                                          ["name"], buckets=_E2E_BUCKETS, registry=reg)
+        self._recent: Deque[Tuple[float, int]] = collections.deque()  # (time, new tokens)
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    # ------------------------------------------------------------------ per request
+    def on_update(self, state: Any, upd: Any, now: float) -> None:
+        """Called for every update of a request, before its token times are advanced."""
+        new = len(upd.new_output_ids)
+        if new:
+            self.generation_tokens.inc(new)
+            self._recent.append((now, new))
+            if state.first_token_time is None:
+                if state.stream:  # a non-streaming request is only heard of at its end
+                    self.ttft.observe(now - state.created)
+            elif state.last_token_time is not None:
+                self.itl.observe((now - state.last_token_time) / new)
+        if upd.finished_reason is None:
+            return
+        self.prompt_tokens.inc(upd.prompt_tokens)
+        self.cached_tokens.inc(upd.cached_tokens)
+        self._prompt_total += upd.prompt_tokens
+        self._cached_total += upd.cached_tokens
+        self.num_requests.inc()
+        self.e2e.observe(now - state.created)
+        if upd.finished_reason.get("type") == "abort":
+            self.num_aborted.inc()
+        first = state.first_token_time or (now if new else None)
+        if first is not None and upd.completion_tokens > 1 and state.stream:
+            self.tpot.observe((now - first) / (upd.completion_tokens - 1))
+
+    def observe_handler(self, name: str, seconds: float) -> None:
+        self._func_latency.labels(name).observe(seconds)
+
+    # ------------------------------------------------------------------ scrape
+    def refresh(self, scheduler_state: Dict[str, Any]) -> None:
+        """Update the gauges that describe the scheduler right before a scrape."""
+        total = scheduler_state.get("max_total_num_tokens") or 0
+        self.max_total_tokens.set(total)
+        self.num_running.set(scheduler_state.get("num_running_reqs", 0))
+        self.num_queue.set(scheduler_state.get("num_waiting_reqs", 0))
+        if total:
+            free = scheduler_state.get("available_kv_tokens", total) + \
+                scheduler_state.get("cache_evictable_tokens", 0)
+            self.token_usage.set(max(0.0, (total - free) / total))
+        if self._prompt_total:
+            self.cache_hit_rate.set(self._cached_total / self._prompt_total)
+        now = time.time()
+        while self._recent and self._recent[0][0] < now - _THROUGHPUT_WINDOW_S:
+            self._recent.popleft()
+        self.gen_throughput.set(sum(n for _, n in self._recent) / _THROUGHPUT_WINDOW_S)
+
+    def render(self) -> Tuple[bytes, str]:
+        """The exposition text and its content type."""
+        import prometheus_client as pc
+
+        return pc.generate_latest(self.registry), pc.CONTENT_TYPE_LATEST

@@ -1,0 +1,131 @@
+"""Greedy speculative output equals greedy plain output, token for token (float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sglang.test.scheduler_driver import greedy, make_scheduler, run
+
+# (steps, topk, num_draft_tokens) covering chains and trees, budgets small and large.
+STANDALONE_CONFIGS = [(1, 1, None), (3, 1, None), (5, 1, None), (3, 2, 4), (3, 2, 8),
+                      (5, 2, 6), (1, 4, 5), (3, 4, 8), (5, 4, 16)]
+
+
+def prompts(batch: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(batch):
+        base = torch.randint(3, 3000, (int(torch.randint(3, 12, (1,), generator=g)),), generator=g).tolist()
+        out.append(base * 3)  # repetition gives the n-gram drafter something to find
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_llama_dir):
+    return make_scheduler(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(plain):
+    cache = {}
+
+    def get(batch: int, seed: int, n: int = 20):
+        key = (batch, seed, n)
+        if key not in cache:
+            ps = prompts(batch, seed)
+            cache[key] = (ps, run(plain, ps, [greedy(n)] * batch))
+            plain.check_all_free()
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("steps,topk,draft_tokens", STANDALONE_CONFIGS)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_standalone_same_draft_is_lossless_and_accepts(tiny_llama_dir, reference, steps, topk,
+                                                       draft_tokens, batch):
+    ps, ref = reference(batch, seed=batch)
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                           speculative_draft_model_path=tiny_llama_dir,
+                           speculative_num_steps=steps, speculative_eagle_topk=topk,
+                           speculative_num_draft_tokens=draft_tokens)
+    got = run(sched, ps, [greedy()] * batch)
+    for rid, (ids, _) in ref.items():
+        assert got[rid][0] == ids
+    # Draft == target: the first choice is always right, so each verify emits > 1 token.
+    for _, upd in got.values():
+        assert upd.extra_meta["spec_accept_length"] > 1.5
+    sched.check_all_free()
+
+
+@pytest.mark.parametrize("steps,topk,draft_tokens", [(3, 1, None), (3, 4, 8), (5, 2, 6)])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_standalone_unrelated_draft_is_lossless(tiny_llama_dir, tiny_draft_dir, reference,
+                                                steps, topk, draft_tokens, batch):
+    ps, ref = reference(batch, seed=10 + batch)
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                           speculative_draft_model_path=tiny_draft_dir,
+                           speculative_num_steps=steps, speculative_eagle_topk=topk,
+                           speculative_num_draft_tokens=draft_tokens)
+    got = run(sched, ps, [greedy()] * batch)
+    for rid, (ids, _) in ref.items():
+        assert got[rid][0] == ids
+    accepted = sum(u.extra_meta["spec_accept_token_num"] for _, u in got.values())
+    drafted = sum(u.extra_meta["spec_draft_token_num"] for _, u in got.values())
+    assert accepted <= 0.5 * drafted  # a random draft rarely guesses a random target
+    sched.check_all_free()
+
+
+@pytest.mark.parametrize("draft_tokens", [2, 4, 12])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_ngram_is_lossless(tiny_llama_dir, reference, draft_tokens, batch):
+    ps, ref = reference(batch, seed=20 + batch, n=40)
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM",
+                           speculative_num_draft_tokens=draft_tokens)
+    got = run(sched, ps, [greedy(40)] * batch)
+    for rid, (ids, _) in ref.items():
+        assert got[rid][0] == ids
+    sched.check_all_free()
+
+
+@pytest.fixture(scope="module")
+def ngram_sched(tiny_llama_dir):
+    return make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM",
+                          speculative_num_draft_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def chain_sched(tiny_llama_dir, tiny_draft_dir):
+    return make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                          speculative_draft_model_path=tiny_draft_dir, speculative_num_steps=2,
+                          speculative_eagle_topk=2, speculative_num_draft_tokens=4)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(prompt=st.lists(st.integers(3, 40000), min_size=1, max_size=40),
+       repeat=st.integers(1, 3), n=st.integers(1, 12))
+def test_hypothesis_prompts_lossless(plain, ngram_sched, chain_sched, prompt, repeat, n):
+    p = [prompt * repeat]
+    ref = run(plain, p, [greedy(n)])["0"][0]
+    assert run(ngram_sched, p, [greedy(n)])["0"][0] == ref
+    assert run(chain_sched, p, [greedy(n)])["0"][0] == ref
+    for s in (plain, ngram_sched, chain_sched):
+        s.check_all_free()
+
+
+def test_stop_token_inside_accepted_run(tiny_llama_dir, reference):
+    """EOS / stop ids and max_new_tokens are honoured inside a run of accepted tokens."""
+    ps, ref = reference(1, seed=1)
+    ids = ref["0"][0]
+    stop_id = ids[5]
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                           speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=5)
+    out = run(sched, ps, [{**greedy(), "stop_token_ids": [stop_id]}])["0"]
+    assert out[0] == ids[: ids.index(stop_id) + 1]
+    assert out[1].finished_reason == {"type": "stop", "matched": stop_id}
+    out = run(sched, ps, [greedy(7)])["0"]
+    assert out[0] == ids[:7]
+    sched.check_all_free()
