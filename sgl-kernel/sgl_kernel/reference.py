@@ -28,3 +28,15 @@ def paged_attention_reference(
         mask = torch.arange(kv_len).unsqueeze(0) <= pos
     scores = scores.masked_fill(~mask.unsqueeze(0), float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
+
+
+def linear_reference(
+    x: torch.Tensor,  # [..., K] float32 or bfloat16
+    weight: torch.Tensor,  # [N, K] float32 or bfloat16
+    bias: Optional[torch.Tensor] = None,  # [N]
+) -> torch.Tensor:  # [..., N] in x's dtype
+    """x @ weight^T + bias with fp32 inputs and accumulation, rounded once to x's dtype:
+    the contract of sgl_kernel.cpu.small_m_linear."""
+    y = torch.nn.functional.linear(x.float(), weight.float(),
+                                   None if bias is None else bias.float())
+    return y.to(x.dtype)

@@ -106,6 +106,7 @@ class ServerArgs:
     speculative_fallback_window: int = 50
     speculative_fallback_threshold: float = 0.5
     speculative_reprobe_interval: int = 100
+    speculative_disable_cost_model: bool = False
 
     # Config file (merged under argv by prepare_server_args)
     config: Optional[str] = None
@@ -152,6 +153,19 @@ class ServerArgs:
             raise ValueError("--max-total-tokens must be at least 16")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
+        if self.speculative_algorithm is not None:
+            algo = self.speculative_algorithm.upper()
+            if algo not in ("STANDALONE", "NGRAM"):
+                raise ValueError(f"--speculative-algorithm must be STANDALONE or NGRAM on this fork, "
+                                 f"got {self.speculative_algorithm!r}")
+            if algo == "STANDALONE" and not self.speculative_draft_model_path:
+                raise ValueError("--speculative-algorithm STANDALONE needs "
+                                 "--speculative-draft-model-path (a small model with the same tokenizer)")
+            for name in ("speculative_num_steps", "speculative_eagle_topk",
+                         "speculative_num_draft_tokens"):
+                value = getattr(self, name)
+                if value is not None and value < 1:
+                    raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be at least 1")
 

@@ -12,6 +12,11 @@ from sglang.srt.server_args import ServerArgs
 
 def make_scheduler(model_dir: str, **kw) -> Scheduler:
     kw.setdefault("max_total_tokens", 8192)
+    if kw.get("speculative_algorithm"):
+        # Tests that check acceptance want speculation on at every step: no cost model, no
+        # fallback, unless the test asks for them.
+        kw.setdefault("speculative_disable_cost_model", True)
+        kw.setdefault("speculative_fallback_threshold", 0.0)
     return Scheduler(ServerArgs(model_path=model_dir, dtype="float32", **kw))
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang.srt.layers.rotary_embedding import rope_parameters_from_config
-from sglang.srt.model_loader.gguf_loader import GGUFFile, gguf_config, hf_name
+from sglang.srt.model_loader.gguf_loader import GGUFFile, hf_name
 from sglang.srt.model_loader.loader import load_config, load_model, load_tokenizer, resolve_dtype
 from sglang.srt.models.registry import get_model_class
 

@@ -12,9 +12,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
@@ -24,7 +25,8 @@ from sglang.srt.entrypoints.openai.serving_base import (ClientDisconnected, Safe
                                                         error_object, json_bytes,
                                                         until_disconnect)
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import RequestRefused, raise_if_refused
+from sglang.srt.managers.tokenizer_manager import (HEALTH_CHECK_PREFIX, RequestRefused,
+                                                   raise_if_refused)
 from sglang.srt.server_args import ServerArgs
 from sglang.version import __version__
 
@@ -175,7 +177,7 @@ async def health():
     if not state.ready or state.draining or tm is None or tm.dead_message:
         return Response(status_code=503)
     obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0},
-                           rid=f"HEALTH_CHECK_{os.urandom(8).hex()}")
+                           rid=f"{HEALTH_CHECK_PREFIX}_{os.urandom(8).hex()}")
     agen = tm.generate_request(obj)
     try:
         await asyncio.wait_for(agen.__anext__(), timeout=20)
@@ -213,7 +215,7 @@ async def server_info():
 
 def _throughput() -> float:
     metrics = state.tokenizer_manager.metrics
-    return float(metrics.gen_throughput._value.get()) if metrics is not None else 0.0
+    return metrics.throughput() if metrics is not None else 0.0
 
 
 @app.api_route("/flush_cache", methods=["GET", "POST"])
@@ -336,13 +338,7 @@ def launch_server(server_args: ServerArgs) -> None:
 
     logging.basicConfig(level=getattr(logging, server_args.log_level.upper()),
                         format="[%(asctime)s] %(levelname)s %(message)s")
-    tm, procs, info, _ = launch_subprocesses(server_args)
-    if server_args.enable_metrics:
-        from sglang.srt.metrics.collector import TokenizerMetrics
-
-        tm.metrics = TokenizerMetrics(server_args.served_model_name)
-    state.tokenizer_manager, state.server_args, state.scheduler_info = tm, server_args, info
-    state.chat, state.completions = OpenAIServingChat(tm), OpenAIServingCompletion(tm)
+    tm, procs, info, ipc_folder = launch_subprocesses(server_args)
 
     def on_death(message: str) -> None:
         if state.shutting_down:
@@ -351,13 +347,20 @@ def launch_server(server_args: ServerArgs) -> None:
         kill_process_tree(procs)
         os._exit(1)
 
-    watch_children(procs, on_death)
-    config = uvicorn.Config(app, host=server_args.host, port=server_args.port,
-                            log_level=server_args.log_level_http or "warning", loop="uvloop",
-                            timeout_keep_alive=5)
     try:
+        if server_args.enable_metrics:
+            from sglang.srt.metrics.collector import TokenizerMetrics
+
+            tm.metrics = TokenizerMetrics(server_args.served_model_name)
+        state.tokenizer_manager, state.server_args, state.scheduler_info = tm, server_args, info
+        state.chat, state.completions = OpenAIServingChat(tm), OpenAIServingCompletion(tm)
+        watch_children(procs, on_death)
+        config = uvicorn.Config(app, host=server_args.host, port=server_args.port,
+                                log_level=server_args.log_level_http or "warning",
+                                loop="uvloop", timeout_keep_alive=5)
         _Server.make(config).run()
     finally:
         state.shutting_down = True
         kill_process_tree(procs)
+        shutil.rmtree(ipc_folder, ignore_errors=True)
     logger.info("The server has shut down.")

@@ -141,10 +141,8 @@ class GenerateReqInput:
         if not isinstance(body, dict):
             raise ValueError("The request body must be a JSON object.")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(body) - names)
-        if unknown:
-            raise ValueError(f"Unknown field(s) {unknown} in the request.")
-        return cls(**body)
+        # Upstream ignores fields it does not know (clients of newer versions send more).
+        return cls(**{k: v for k, v in body.items() if k in names})
 
     def is_batch(self) -> bool:
         if self.text is not None:

@@ -121,6 +121,8 @@ class Scheduler:
             else:
                 self.waiting.remove(req)
             updates.append(self.outputs.make_update(req))
+            if self.spec is not None:
+                self.spec.forget(req)
         return updates
 
     def is_idle(self) -> bool:
@@ -151,12 +153,19 @@ class Scheduler:
             fb, rows = self._build_batch(plan)
             logits = self.runner.forward(fb)
             self._postprocess(plan, logits, rows)
+        if self.spec is not None:
+            had_prefill = any(n > 1 and id(r) not in plan.trees
+                              for r, n in zip(plan.reqs, plan.num_tokens))
+            self.spec.end_step(len(plan.reqs), had_prefill)
         finished = [r for r in self.running if r.finished]
         for req in finished:
             self._release(req)
             self.running.remove(req)
         touched = plan.reqs + [r for r in finished if r not in plan.reqs]
         updates += [u for r in touched if (u := self.outputs.maybe_update(r)) is not None]
+        if self.spec is not None:
+            for req in finished:
+                self.spec.forget(req)
         return updates
 
     def _admit(self) -> None:
@@ -294,7 +303,7 @@ class Scheduler:
             req_logits = logits[offset : offset + k]
             offset += k
             if self.spec is not None and n == 1:
-                self.spec.record(req, num_drafted=0, accepted=0, emitted=1)
+                self.spec.record(req, offered=0, accepted=0, emitted=1)
             req.kv_len += n
             self.outputs.collect_input_logprobs(req, r, req_logits)
             if req.kv_len == req.fill_len:
@@ -312,7 +321,7 @@ class Scheduler:
         """Append the accepted run; keep the KV of its nodes, free the rest of the tree."""
         result = self.spec.verify(req, tree, logits)
         emitted = self.outputs.append_verified(req, result.tokens, logits[result.path])
-        self.spec.record(req, len(tree) - 1, min(emitted, result.num_accepted_drafts), emitted)
+        self.spec.record(req, max(tree.depths), min(emitted, result.num_accepted_drafts), emitted)
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         tree_slots = row[req.kv_len : req.kv_len + len(tree)].clone()
         keep = result.path[:emitted]  # the root plus every accepted node still in the output
@@ -356,6 +365,22 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     # ------------------------------------------------------------------ introspection
+    def spec_state(self) -> Dict[str, object]:
+        """Speculative figures for /server_info (avg_spec_accept_length as upstream)."""
+        if self.spec is None:
+            return {"avg_spec_accept_length": None}
+        per_token = self.runner.kv_pool.bytes_per_token(
+            self.runner.num_layers, self.runner.num_kv_heads, self.runner.head_dim,
+            self.runner.kv_dtype)
+        return {
+            "avg_spec_accept_length": self.spec.avg_accept_length(),
+            "speculative_num_steps": self.spec.num_steps,
+            "speculative_eagle_topk": self.spec.topk,
+            "speculative_num_draft_tokens": self.spec.num_draft_tokens,
+            # A verify step adds KV for its tree only: tree tokens x layers x KV per token.
+            "spec_verify_kv_bytes_per_request": self.spec.max_tree_nodes * per_token,
+        }
+
     def check_all_free(self) -> None:
         """Invariant for tests: idle + flushed => every slot and row is free."""
         assert self.is_idle(), "requests are still running"
@@ -366,6 +391,7 @@ class Scheduler:
         assert self.req_to_token_pool.available_size() == self.req_to_token_pool.size
         if self.spec is not None:
             self.spec.check_all_free()
+            assert not self.spec.controllers, "speculation state left for finished requests"
 
 
 def _eos_ids(config, tokenizer) -> set:

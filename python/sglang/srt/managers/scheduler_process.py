@@ -91,7 +91,8 @@ def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe) -> None:
 def handle_message(scheduler, msg):
     if isinstance(msg, TokenizedGenerateReqInput):
         limit = scheduler.server_args.max_queued_requests
-        if limit is not None and len(scheduler.waiting) >= limit:
+        probe = msg.rid.startswith("HEALTH_CHECK")  # a busy server is still healthy
+        if limit is not None and len(scheduler.waiting) >= limit and not probe:
             return BatchTokenIDOut([queue_full_update(msg, limit)])
         upd = scheduler.add_request(msg)
         return BatchTokenIDOut([upd]) if upd is not None else None
@@ -107,11 +108,15 @@ def handle_message(scheduler, msg):
     return None
 
 
+def queue_full_message(limit: int) -> str:
+    return (f"The request queue is full ({limit} requests waiting; --max-queued-requests "
+            f"{limit}). Retry later.")
+
+
 def queue_full_update(msg: TokenizedGenerateReqInput, limit: int) -> ReqUpdate:
     """Refuse a request at once: the waiting queue already holds --max-queued-requests."""
     reason = {"type": "abort", "status_code": 503, "err_type": "ServiceUnavailable",
-              "message": f"The request queue is full ({limit} requests waiting; "
-                         f"--max-queued-requests {limit}). Retry later."}
+              "message": queue_full_message(limit)}
     return ReqUpdate(rid=msg.rid, new_output_ids=[], finished_reason=reason,
                      prompt_tokens=len(msg.input_ids), cached_tokens=0, completion_tokens=0)
 
@@ -132,4 +137,5 @@ def scheduler_info(scheduler) -> dict:
         "dtype": str(scheduler.runner.dtype).replace("torch.", ""),
         "model_type": getattr(cfg, "model_type", None),
         "architectures": getattr(cfg, "architectures", None),
+        **scheduler.spec_state(),
     }

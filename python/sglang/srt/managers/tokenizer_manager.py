@@ -29,6 +29,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 _LOAD_TOKENIZER = object()  # sentinel: "no tokenizer handed in, load it here"
+HEALTH_CHECK_PREFIX = "HEALTH_CHECK"  # rid prefix of /health probes (as upstream)
 
 
 class RequestRefused(RuntimeError):
@@ -215,6 +216,8 @@ class TokenizerManager:
         if self.dead_message:
             raise RequestRefused(self.dead_message, 503)
         states = self.prepare(obj)
+        if not states[0].rid.startswith(HEALTH_CHECK_PREFIX):  # health probes skip the queue cap
+            self._check_queue_room(len(states))
         batch = obj.is_batch() or len(states) > 1
         try:
             if len(states) > 1 and len({s.single.prompt_index for s in states}) < len(states):
@@ -232,6 +235,19 @@ class TokenizerManager:
                 if not st.finished and st.rid in self.rid_to_state:
                     self.abort_request(st.rid)
                 self.rid_to_state.pop(st.rid, None)
+
+    def _check_queue_room(self, count: int) -> None:
+        """Refuse at once when the queue must be full: with more unfinished requests than
+        max running + max queued, the waiting queue holds at least --max-queued-requests.
+        (The scheduler makes the exact check for every request it receives.)"""
+        limit = self.server_args.max_queued_requests
+        if limit is None:
+            return
+        cap = self.scheduler_info.get("max_running_requests", 0) + limit
+        if self.num_unfinished + count > cap:
+            from sglang.srt.managers.scheduler_process import queue_full_message
+
+            raise RequestRefused(queue_full_message(limit), 503)
 
     async def _warm_prefixes(self, states: List[ReqState]) -> None:
         """n > 1: run each prompt once with max_new_tokens 0 so the samples share its KV."""

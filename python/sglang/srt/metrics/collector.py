@@ -41,21 +41,25 @@ class TokenizerMetrics:
         def histogram(name: str, doc: str, buckets):
             return pc.Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(model_name)
 
-        self.prompt_tokens = counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("sglang:generation_tokens", "Number of generation tokens processed.")
-        self.cached_tokens = counter("sglang:cached_tokens", "Number of prompt tokens served from the prefix cache.")
-        self.num_requests = counter("sglang:num_requests", "Number of finished requests.")
-        self.num_aborted = counter("sglang:num_aborted_requests", "Number of aborted requests.")
-        self.ttft = histogram("sglang:time_to_first_token_seconds", "Time to first token (streaming requests).", _TTFT_BUCKETS)
-        self.itl = histogram("sglang:inter_token_latency_seconds", "Latency between output tokens.", _ITL_BUCKETS)
-        self.tpot = histogram("sglang:time_per_output_token_seconds", "Average time per output token of a request.", _ITL_BUCKETS)
-        self.e2e = histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency.", _E2E_BUCKETS)
-        self.num_running = gauge("sglang:num_running_reqs", "Number of running requests.")
-        self.num_queue = gauge("sglang:num_queue_reqs", "Number of requests waiting in the queue.")
+        self.prompt_tokens = counter("sglang:prompt_tokens", "Prefill tokens processed.")
+        self.generation_tokens = counter("sglang:generation_tokens", "Tokens generated.")
+        self.cached_tokens = counter("sglang:cached_tokens", "Prompt tokens from the prefix cache.")
+        self.num_requests = counter("sglang:num_requests", "Finished requests.")
+        self.num_aborted = counter("sglang:num_aborted_requests", "Aborted requests.")
+        self.ttft = histogram("sglang:time_to_first_token_seconds",
+                              "Time to first token (streaming requests).", _TTFT_BUCKETS)
+        self.itl = histogram("sglang:inter_token_latency_seconds",
+                             "Latency between output tokens.", _ITL_BUCKETS)
+        self.tpot = histogram("sglang:time_per_output_token_seconds",
+                              "Mean time per output token of a request.", _ITL_BUCKETS)
+        self.e2e = histogram("sglang:e2e_request_latency_seconds",
+                             "End-to-end request latency.", _E2E_BUCKETS)
+        self.num_running = gauge("sglang:num_running_reqs", "Running requests.")
+        self.num_queue = gauge("sglang:num_queue_reqs", "Requests waiting in the queue.")
         self.token_usage = gauge("sglang:token_usage", "Fraction of KV slots in use.")
         self.gen_throughput = gauge("sglang:gen_throughput", "Generation throughput (tokens/s).")
-        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "Prefix cache hit rate (cached / prompt tokens).")
-        self.max_total_tokens = gauge("sglang:max_total_num_tokens", "Size of the KV pool in tokens.")
+        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "Cached / prompt tokens so far.")
+        self.max_total_tokens = gauge("sglang:max_total_num_tokens", "KV pool size in tokens.")
         self._func_latency = pc.Histogram("sglang:func_latency_seconds", "Latency of HTTP handlers.",
                                           ["name"], buckets=_E2E_BUCKETS, registry=reg)
         self._recent: Deque[Tuple[float, int]] = collections.deque()  # (time, new tokens)
@@ -104,10 +108,14 @@ class TokenizerMetrics:
             self.token_usage.set(max(0.0, (total - free) / total))
         if self._prompt_total:
             self.cache_hit_rate.set(self._cached_total / self._prompt_total)
+        self.gen_throughput.set(self.throughput())
+
+    def throughput(self) -> float:
+        """Generated tokens per second over the last few seconds."""
         now = time.time()
         while self._recent and self._recent[0][0] < now - _THROUGHPUT_WINDOW_S:
             self._recent.popleft()
-        self.gen_throughput.set(sum(n for _, n in self._recent) / _THROUGHPUT_WINDOW_S)
+        return sum(n for _, n in self._recent) / _THROUGHPUT_WINDOW_S
 
     def render(self) -> Tuple[bytes, str]:
         """The exposition text and its content type."""

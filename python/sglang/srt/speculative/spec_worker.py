@@ -14,6 +14,8 @@ import torch
 
 from sglang.srt.sampling.sampler import apply_logit_adjustments, logits_to_probs
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.speculative.controller import (CostModel, FallbackConfig, RequestController,
+                                               StepTimer)
 from sglang.srt.speculative.tree import DraftTree
 from sglang.srt.speculative.verify import VerifyResult, verify_greedy, verify_sampling
 
@@ -65,6 +67,32 @@ class SpecWorker:
                                              chunk_size)
         self.total_verify_ct = 0
         self.total_accepted_tokens = 0  # tokens emitted by decode steps
+        self.fallback_cfg = FallbackConfig(server_args.speculative_fallback_window,
+                                           server_args.speculative_fallback_threshold,
+                                           server_args.speculative_reprobe_interval)
+        self.controllers: Dict[str, RequestController] = {}
+        self.cost_model: Optional[CostModel] = None
+        if not server_args.speculative_disable_cost_model:
+            self.cost_model = CostModel(self._candidate_budgets())
+        self.timer = StepTimer()
+        self.step_budget = 1  # the budget chosen for the current step (1 = plain)
+
+    def _candidate_budgets(self) -> List[int]:
+        full = self.num_draft_tokens
+        if self.algorithm == "STANDALONE" and self.topk > 1:
+            return [1, full]  # a tree's draft cost is fixed by its steps
+        return sorted({1, 2, min(4, full), full})
+
+    def depth_of(self, budget: int) -> int:
+        if self.algorithm == "STANDALONE":
+            return min(self.num_steps, budget - 1)
+        return budget - 1
+
+    def controller(self, req) -> RequestController:
+        ctl = self.controllers.get(req.rid)
+        if ctl is None:
+            ctl = self.controllers[req.rid] = RequestController(self.fallback_cfg)
+        return ctl
 
     @property
     def max_tree_nodes(self) -> int:
@@ -82,13 +110,25 @@ class SpecWorker:
                 and sp.regex is None and sp.json_schema is None and sp.ebnf is None)
 
     def propose(self, reqs) -> Dict[int, DraftTree]:
-        cands = [r for r in reqs if self.eligible(r)]
-        budgets = [min(self.num_draft_tokens, self.context_len - r.fill_len,
+        self.timer.begin()
+        self.step_budget = 1
+        cands = [r for r in reqs if self.eligible(r) and self.controller(r).should_speculate()]
+        if not cands:
+            return {}
+        budget = self.num_draft_tokens
+        if self.cost_model is not None:
+            budget = self.cost_model.choose([self.controller(r).ema_rate for r in cands],
+                                            self.depth_of)
+        self.step_budget = budget
+        if budget <= 1:
+            return {}
+        budgets = [min(budget, self.context_len - r.fill_len,
                        r.max_new_tokens - len(r.output_ids) + 1) for r in cands]
         keep = [(r, b) for r, b in zip(cands, budgets) if b >= 2]
         if not keep:
             return {}
-        trees = self.drafter.propose([r for r, _ in keep], [b for _, b in keep])
+        trees = self.drafter.propose([r for r, _ in keep], [b for _, b in keep],
+                                     depth=self.depth_of(budget))
         return {id(r): t for (r, _), t in zip(keep, trees) if t is not None and len(t) > 1}
 
     # ------------------------------------------------------------------ verify
@@ -100,7 +140,14 @@ class SpecWorker:
             return verify_greedy(tree, adjusted.argmax(dim=-1).tolist())
         return verify_sampling(tree, logits_to_probs(adjusted, info), req.generator)
 
-    def record(self, req, num_drafted: int, accepted: int, emitted: int) -> None:
+    def record(self, req, offered: int, accepted: int, emitted: int) -> None:
+        """One decode-phase step of `req`: `offered` draft positions (tree depth; 0 for a
+        plain step), `accepted` of them taken, `emitted` tokens appended."""
+        ctl = self.controller(req)
+        if offered:
+            ctl.on_verify(accepted, offered, emitted)
+        else:
+            ctl.on_plain_tokens(emitted)
         req.spec_verify_ct += 1
         req.spec_accept_token_num += accepted
         hist = req.spec_accept_histogram
@@ -109,6 +156,11 @@ class SpecWorker:
         hist[accepted] += 1
         self.total_verify_ct += 1
         self.total_accepted_tokens += emitted
+
+    def end_step(self, batch_size: int, had_prefill: bool) -> None:
+        """Feed the cost model with a pure decode step's wall time."""
+        if self.cost_model is not None and batch_size and not had_prefill:
+            self.cost_model.observe(batch_size, self.step_budget, self.timer.elapsed())
 
     def avg_accept_length(self) -> Optional[float]:
         if not self.total_verify_ct:
@@ -125,10 +177,15 @@ class SpecWorker:
             "spec_accept_rate": req.spec_accept_token_num / drafted if drafted else 0.0,
             "spec_accept_length": len(req.output_ids) / ct if ct else 0.0,
             "spec_accept_histogram": list(req.spec_accept_histogram),
+            "spec_fallback_count": self.controller(req).fallback_count,
         }
 
     def release(self, req) -> None:
         self.drafter.release(req)
+
+    def forget(self, req) -> None:
+        """The request finished: drop its controller too (retraction keeps it)."""
+        self.controllers.pop(req.rid, None)
 
     def check_all_free(self) -> None:
         self.drafter.check_all_free()

@@ -81,7 +81,7 @@ class OpenAIServingChat:
         for idx, r in enumerate(results):
             meta = r["meta_info"]
             lp = _logprobs(meta, 0) if req.logprobs else None
-            message = ChatMessage(role="assistant", content=r["text"] or None)
+            message = ChatMessage(role="assistant", content=r.get("text", "") or None)
             choices.append(ChatCompletionResponseChoice(index=idx, message=message, logprobs=lp,
                                                         **finish_fields(meta)))
         return ChatCompletionResponse(
@@ -111,8 +111,8 @@ class OpenAIServingChat:
                 if index not in texts:
                     texts[index] = ""
                     yield chunk(index, DeltaMessage(role="assistant", content=""))
-                delta = content["text"][len(texts[index]):]
-                texts[index] = content["text"]
+                delta = content.get("text", "")[len(texts[index]):]
+                texts[index] = content.get("text", "")
                 if delta:
                     lp = None
                     if req.logprobs:

@@ -89,7 +89,9 @@ class OpenAIServingCompletion:
         echo = self._echo_texts(req) if req.echo else None
         choices = []
         for idx, r in enumerate(results):
-            text = r["text"] if echo is None else echo[idx // req.n] + r["text"]
+            text = r.get("text", "")
+            if echo is not None:
+                text = echo[idx // req.n] + text
             lp = self._logprobs(req, r["meta_info"], req.echo) if req.logprobs is not None else None
             choices.append(CompletionResponseChoice(index=idx, text=text, logprobs=lp,
                                                     **finish_fields(r["meta_info"])))
@@ -110,8 +112,8 @@ class OpenAIServingCompletion:
                 meta = content["meta_info"]
                 started = index in texts
                 prev = texts.get(index, "")
-                delta = content["text"][len(prev):]
-                texts[index] = content["text"]
+                delta = content.get("text", "")[len(prev):]
+                texts[index] = content.get("text", "")
                 if echo is not None and not started:
                     delta = echo[index // req.n] + delta
                 lp = None

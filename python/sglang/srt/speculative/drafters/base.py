@@ -12,9 +12,11 @@ if TYPE_CHECKING:
 
 class Drafter(ABC):
     @abstractmethod
-    def propose(self, reqs: List["Req"], budgets: List[int]) -> List[Optional["DraftTree"]]:
+    def propose(self, reqs: List["Req"], budgets: List[int],
+                depth: Optional[int] = None) -> List[Optional["DraftTree"]]:
         """One tree per request (root = the request's last token) of at most budgets[i]
-        nodes, or None when this drafter has nothing to offer for it this step."""
+        nodes and at most `depth` levels, or None when this drafter has nothing to offer
+        for it this step."""
 
     def release(self, req: "Req") -> None:
         """The request finished or was retracted: drop its state (and KV)."""

@@ -58,10 +58,10 @@ class NgramDrafter(Drafter):
         self.max_candidates = max_candidates
         self.indexes: Dict[str, SuffixIndex] = {}
 
-    def propose(self, reqs, budgets) -> List[Optional[DraftTree]]:
-        return [self._propose_one(r, b) for r, b in zip(reqs, budgets)]
+    def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
+        return [self._propose_one(r, b, depth or self.max_depth) for r, b in zip(reqs, budgets)]
 
-    def _propose_one(self, req, budget: int) -> Optional[DraftTree]:
+    def _propose_one(self, req, budget: int, depth: int) -> Optional[DraftTree]:
         ids = req.fill_ids
         index = self.indexes.setdefault(req.rid, SuffixIndex.new(self.key_len))
         index.extend(ids)
@@ -77,7 +77,7 @@ class NgramDrafter(Drafter):
         ranked = sorted(starts[-256:], key=lambda p: (-_match_len(hist, p, n, self.max_match), -p))
         trie: Dict[Tuple[int, ...], int] = {}
         for p in ranked[: self.max_candidates]:
-            cont = hist[p : min(p + self.max_depth, n)].tolist()
+            cont = hist[p : min(p + min(depth, self.max_depth), n)].tolist()
             for d in range(1, len(cont) + 1):
                 trie[tuple(cont[:d])] = trie.get(tuple(cont[:d]), 0) + 1
         return _trie_to_tree(ids[-1], trie, budget)

@@ -40,7 +40,8 @@ class StandaloneDrafter(Drafter):
         self.kv_len: Dict[str, int] = {}  # rid -> tokens of fill_ids with draft KV
 
     # ------------------------------------------------------------------ propose
-    def propose(self, reqs, budgets) -> List[Optional[DraftTree]]:
+    def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
+        steps = self.num_steps if depth is None else max(1, min(depth, self.num_steps))
         live, reserved = [], 0
         for r in reqs:
             self._rewind(r)
@@ -50,7 +51,7 @@ class StandaloneDrafter(Drafter):
                 reserved += need
                 live.append(r)
         root_logits = self._catch_up(live)
-        trees = self._grow(live, root_logits, budgets=[budgets[reqs.index(r)] for r in live])
+        trees = self._grow(live, root_logits, [budgets[reqs.index(r)] for r in live], steps)
         out: Dict[int, DraftTree] = {id(r): t for r, t in zip(live, trees)}
         return [out.get(id(r)) for r in reqs]
 
@@ -106,13 +107,14 @@ class StandaloneDrafter(Drafter):
                          [len(c) for c in chunks], torch.cat(locs), rows)
         return self.runner.forward(fb)
 
-    def _grow(self, reqs, root_logits: List[torch.Tensor], budgets: List[int]) -> List[DraftTree]:
+    def _grow(self, reqs, root_logits: List[torch.Tensor], budgets: List[int],
+              steps: int) -> List[DraftTree]:
         trees = [DraftTree.root_only(r.fill_ids[-1]) for r in reqs]
         frontier: List[List[int]] = [[0] for _ in reqs]
         logits = [x.unsqueeze(0) for x in root_logits]  # per request: [len(frontier), vocab]
         node_slots: List[Dict[int, int]] = [{} for _ in reqs]  # tree node -> draft slot
         temp_slots: List[torch.Tensor] = []
-        for step in range(self.num_steps):
+        for step in range(steps):
             for i, tree in enumerate(trees):
                 children = []
                 lps = torch.log_softmax(logits[i].float(), dim=-1)
@@ -123,7 +125,7 @@ class StandaloneDrafter(Drafter):
                 # The next level expands only the best `topk` new nodes (EAGLE-2 beam).
                 children.sort(key=lambda c: -tree.scores[c])
                 frontier[i] = children[: self.topk]
-            if step == self.num_steps - 1:
+            if step == steps - 1:
                 break
             logits = self._forward_frontier(reqs, trees, frontier, node_slots, temp_slots)
         for slots in temp_slots:

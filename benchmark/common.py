@@ -1,0 +1,107 @@
+"""Shared bits of the benchmarks: machine info, bandwidth probe, prompts, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from typing import Any, Dict, List, Optional
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def machine_info() -> Dict[str, Any]:
+    import torch
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def copy_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:
+    """Read+write bandwidth of a large tensor copy, in GB/s of bytes read (best of repeats)."""
+    import torch
+
+    src = torch.empty(mb * 1024 * 1024 // 4, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    # A copy reads and writes every byte: count both, as a streaming read would see it.
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def legal_text() -> str:
+    """A long legal text available offline (real documents; GPL and friends from Debian)."""
+    try:
+        from sglang.test.real_assets import legal_doc
+
+        path = legal_doc("gdpr")
+        if path:
+            with open(path) as f:
+                return f.read()
+    except Exception:
+        pass
+    parts = []
+    folder = "/usr/share/common-licenses"
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        p = os.path.join(folder, name)
+        if os.path.isfile(p):
+            with open(p, errors="ignore") as f:
+                parts.append(f.read())
+    if not parts:
+        raise RuntimeError("No legal text found: run scripts/fetch_legal_docs.py")
+    return "\n\n".join(parts)
+
+
+def prompt_ids(tokenizer, n_tokens: int) -> List[int]:
+    text = legal_text()
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    while len(ids) < n_tokens:
+        ids = ids + ids
+    return ids[:n_tokens]
+
+
+def save(name: str, payload: Dict[str, Any]) -> str:
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, name + ".json")
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+    return path
+
+
+def plot_bars(path: str, title: str, groups: List[str], series: Dict[str, List[Optional[float]]],
+              ylabel: str) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / max(len(series), 1)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + i * width for g in range(len(groups))]
+        ax.bar(xs, [v or 0 for v in values], width, label=label)
+    ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels(groups)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,133 @@
+"""The slow tier of the expert store: where every expert's weights always live.
+
+`SafetensorsExpertSource` reads experts from the checkpoint's memory-mapped safetensors
+files (`safe_open(framework="pt")` gives tensors backed by the mapping, so an expert costs
+RAM only while its pages are cached). With `drop_page_cache`, the pages of an expert are
+dropped after each load (`madvise(MADV_DONTNEED)` on our mapping, then
+`posix_fadvise(POSIX_FADV_DONTNEED)` on the file), so the next load of it is a real disk
+read: the situation of an MoE larger than RAM.
+
+`PinnedHostExpertSource` (GPU) copies every expert once into pinned host memory, from which
+the store's loads are asynchronous host-to-device copies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import struct
+from typing import Dict, List, Optional, Protocol, Tuple
+
+import torch
+
+# (layer, expert) -> checkpoint names of its (gate, up, down) projection weights
+ExpertKeys = Dict[Tuple[int, int], Tuple[str, str, str]]
+
+_MADV_DONTNEED = 4
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class ExpertSource(Protocol):
+    def read_into(self, layer: int, expert: int, w13: torch.Tensor, w2: torch.Tensor) -> int:
+        """Copy the expert into w13 [2I, H] (gate rows, then up rows) and w2 [H, I]; returns
+        the bytes read from the slow tier."""
+
+
+def _safetensors_offsets(path: str) -> Dict[str, Tuple[int, int]]:
+    """name -> (start, end) byte range in the file (the format: u64 header length, JSON)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    base = 8 + n
+    return {k: (base + v["data_offsets"][0], base + v["data_offsets"][1])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+class SafetensorsExpertSource:
+    """Experts of an HF checkpoint folder (one file or shards with an index)."""
+
+    def __init__(self, folder: str, keys: ExpertKeys, drop_page_cache: bool = False) -> None:
+        from safetensors import safe_open
+
+        from sglang.srt.model_loader.weight_utils import safetensors_files
+
+        self.keys = keys
+        self.drop_page_cache = drop_page_cache
+        self._handles: List = []
+        self._where: Dict[str, Tuple[int, Tuple[int, int]]] = {}  # name -> (file, byte range)
+        self._fds: List[int] = []
+        for i, path in enumerate(safetensors_files(folder)):
+            self._handles.append(safe_open(path, framework="pt", device="cpu"))
+            self._fds.append(os.open(path, os.O_RDONLY))
+            for name, rng in _safetensors_offsets(path).items():
+                self._where[name] = (i, rng)
+        missing = [n for names in keys.values() for n in names if n not in self._where]
+        if missing:
+            raise KeyError(f"checkpoint in {folder} lacks expert tensors, e.g. {missing[:3]}")
+        self._libc = ctypes.CDLL(None, use_errno=True) if drop_page_cache else None
+
+    def _tensor(self, name: str) -> torch.Tensor:
+        return self._handles[self._where[name][0]].get_tensor(name)  # a view of the mapping
+
+    def read_into(self, layer: int, expert: int, w13: torch.Tensor, w2: torch.Tensor) -> int:
+        gate_name, up_name, down_name = self.keys[(layer, expert)]
+        inter = w13.shape[0] // 2
+        total = 0
+        for name, dst in ((gate_name, w13[:inter]), (up_name, w13[inter:]), (down_name, w2)):
+            src = self._tensor(name)
+            if tuple(src.shape) != tuple(dst.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != slot {tuple(dst.shape)}")
+            dst.copy_(src)  # page faults read the file here; dtype converts if needed
+            total += src.numel() * src.element_size()
+            if self.drop_page_cache:
+                self._drop(name, src)
+        return total
+
+    def _drop(self, name: str, mapped: torch.Tensor) -> None:
+        """Unmap our pages of `name`, then ask the kernel to drop them from the page cache
+        (mapped pages are never dropped, hence the madvise first)."""
+        addr = mapped.data_ptr()
+        nbytes = mapped.numel() * mapped.element_size()
+        lo = addr - addr % _PAGE
+        hi = addr + nbytes
+        hi += (-hi) % _PAGE
+        self._libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
+        file_idx, (start, end) = self._where[name]
+        os.posix_fadvise(self._fds[file_idx], start, end - start, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds, self._handles = [], []
+
+
+class PinnedHostExpertSource:
+    """GPU slow tier: every expert copied once into pinned host memory (needs host RAM for
+    all experts); `read_into` then issues a non-blocking host-to-device copy on the current
+    stream (the store runs it on its own load stream)."""
+
+    def __init__(self, inner: ExpertSource, shapes: Dict[int, Tuple[torch.Size, torch.Size]],
+                 experts: Dict[int, int], dtype: torch.dtype) -> None:
+        self._host: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
+        for layer, (s13, s2) in shapes.items():
+            for e in range(experts[layer]):
+                w13 = torch.empty(s13, dtype=dtype).pin_memory()
+                w2 = torch.empty(s2, dtype=dtype).pin_memory()
+                inner.read_into(layer, e, w13, w2)
+                self._host[(layer, e)] = (w13, w2)
+
+    def read_into(self, layer: int, expert: int, w13: torch.Tensor, w2: torch.Tensor) -> int:
+        h13, h2 = self._host[(layer, expert)]
+        w13.copy_(h13, non_blocking=True)
+        w2.copy_(h2, non_blocking=True)
+        return h13.numel() * h13.element_size() + h2.numel() * h2.element_size()
+
+    def close(self) -> None:
+        self._host.clear()
+
+
+def close_source(source: Optional[ExpertSource]) -> None:
+    close = getattr(source, "close", None)
+    if close is not None:
+        close()

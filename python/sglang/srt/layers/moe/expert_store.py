@@ -1,0 +1,320 @@
+"""ExpertStore: which experts are resident in the fast tier, and moving them there.
+
+Each MoE layer has `num_slots` slots in the fast tier (the layer's `w13`/`w2` slot tensors);
+every expert always lives in the slow tier (`expert_source.py`). A slot is FREE, LOADING
+(a copy from the slow tier is running) or RESIDENT. Loads run on a background thread
+(`prefetch`) or, for a miss, in the caller (`acquire`, which then stalls).
+
+Invariants:
+- an expert is in at most one slot of its layer;
+- a pinned slot (an expert a running layer uses, between `acquire` and `release`) and a
+  LOADING slot are never evicted; eviction takes a FREE slot, else the least recently used
+  unpinned RESIDENT one;
+- when no layer runs and no load is in flight, every slot is unpinned and FREE + RESIDENT
+  slots = num_slots (`check_idle`).
+
+API for prefetchers (issue 7): `prefetch(layer, expert_ids)`, `resident(layer)`, `stats()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import torch
+
+from sglang.srt.layers.moe.expert_source import ExpertSource, close_source
+
+FREE, LOADING, RESIDENT = "free", "loading", "resident"
+
+
+@dataclasses.dataclass
+class LayerStats:
+    hits: int = 0  # acquire found the expert resident
+    misses: int = 0  # acquire had to load it (in the caller)
+    late: int = 0  # acquire found it still loading (a prefetch that came too late)
+    loads: int = 0  # completed loads, demand + prefetch
+    prefetch_loads: int = 0
+    bytes_loaded: int = 0
+    evictions: int = 0
+    stall_seconds: float = 0.0  # time acquire spent waiting for loads
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses + self.late
+        return self.hits / n if n else 1.0
+
+
+@dataclasses.dataclass
+class StoreStats:
+    num_slots: int
+    layers: Dict[int, LayerStats]
+
+    def total(self) -> LayerStats:
+        out = LayerStats()
+        for s in self.layers.values():
+            for f in dataclasses.fields(LayerStats):
+                setattr(out, f.name, getattr(out, f.name) + getattr(s, f.name))
+        return out
+
+    def to_dict(self) -> dict:
+        total = self.total()
+        return {"num_slots": self.num_slots,
+                "total": {**dataclasses.asdict(total), "hit_rate": total.hit_rate},
+                "layers": {str(k): {**dataclasses.asdict(v), "hit_rate": v.hit_rate}
+                           for k, v in self.layers.items()}}
+
+
+@dataclasses.dataclass
+class _Slot:
+    expert: int = -1
+    state: str = FREE
+    pins: int = 0
+    last_use: int = 0
+    event: Optional[object] = None  # CUDA event of the load (GPU)
+
+
+@dataclasses.dataclass
+class ExpertLease:
+    """Experts of one layer pinned in their slots until `ExpertStore.release`."""
+
+    layer: int
+    slot_of: Dict[int, int]  # expert id -> slot index
+
+
+class _Layer:
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, num_experts: int) -> None:
+        self.w13, self.w2 = w13, w2  # [S, 2I, H], [S, H, I]: the fast tier
+        self.num_experts = num_experts
+        self.slots = [_Slot() for _ in range(w13.shape[0])]
+        self.where: Dict[int, int] = {}  # expert -> slot (LOADING or RESIDENT)
+        self.stats = LayerStats()
+
+
+class ExpertStore:
+    def __init__(self, source: ExpertSource, layers: Dict[int, tuple], num_experts: Dict[int, int],
+                 device: str = "cpu") -> None:
+        """`layers`: layer id -> (w13 slots [S, 2I, H], w2 slots [S, H, I]), same S everywhere."""
+        self.source = source
+        self._layers = {i: _Layer(w13, w2, num_experts[i]) for i, (w13, w2) in layers.items()}
+        sizes = {len(lay.slots) for lay in self._layers.values()}
+        assert len(sizes) == 1, "every layer has the same number of slots"
+        self.num_slots = sizes.pop()
+        self._cond = threading.Condition()
+        self._clock = 0
+        self._cuda = str(device).startswith("cuda")
+        self._load_stream = torch.cuda.Stream() if self._cuda else None
+        self._queue: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._error: Optional[BaseException] = None  # a failed background load
+        self._worker = threading.Thread(target=self._run, name="expert-store-loader", daemon=True)
+        self._worker.start()
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def layers(self) -> List[int]:
+        return sorted(self._layers)
+
+    def resident(self, layer: int) -> List[int]:
+        """Experts of `layer` resident now (loads finished), sorted."""
+        with self._cond:
+            return sorted(s.expert for s in self._layers[layer].slots if s.state == RESIDENT)
+
+    def stats(self) -> StoreStats:
+        with self._cond:
+            return StoreStats(self.num_slots, {i: dataclasses.replace(lay.stats)
+                                               for i, lay in self._layers.items()})
+
+    def reset_stats(self) -> None:
+        with self._cond:
+            for lay in self._layers.values():
+                lay.stats = LayerStats()
+
+    def slot_states(self, layer: int) -> Dict[str, int]:
+        """Counts of free / loading / resident / pinned slots of `layer`."""
+        with self._cond:
+            slots = self._layers[layer].slots
+            out = {st: sum(s.state == st for s in slots) for st in (FREE, LOADING, RESIDENT)}
+            out["pinned"] = sum(s.pins > 0 for s in slots)
+            return out
+
+    def check_idle(self) -> None:
+        """Assert the idle invariant (no pins, no loads in flight, maps consistent)."""
+        self.wait_loads()
+        with self._cond:
+            for i, lay in self._layers.items():
+                assert all(s.pins == 0 for s in lay.slots), f"layer {i}: a slot is still pinned"
+                assert all(s.state != LOADING for s in lay.slots), f"layer {i}: a load in flight"
+                assert lay.where == {s.expert: j for j, s in enumerate(lay.slots)
+                                     if s.state == RESIDENT}, f"layer {i}: slot map out of sync"
+
+    # ---- prefetch --------------------------------------------------------------------------
+
+    def prefetch(self, layer: int, expert_ids: Iterable[int]) -> int:
+        """Start asynchronous loads of the experts of `layer` that are not resident, into
+        free or least recently used unpinned slots; never waits and never evicts a pinned or
+        loading slot (a request that finds no such slot is dropped). Returns loads queued."""
+        queued = 0
+        with self._cond:
+            lay = self._layers[layer]
+            for e in dict.fromkeys(int(x) for x in expert_ids):
+                self._check_id(lay, e)
+                if e in lay.where:
+                    lay.slots[lay.where[e]].last_use = self._tick()
+                    continue
+                j = self._victim(lay)
+                if j is None:
+                    break
+                self._claim(lay, j, e)
+                self._queue.put((layer, j, e))
+                queued += 1
+        return queued
+
+    def wait_loads(self) -> None:
+        """Block until every queued prefetch has finished."""
+        self._queue.join()
+
+    # ---- use by a running layer ------------------------------------------------------------
+
+    def acquire(self, layer: int, expert_ids: Sequence[int]) -> ExpertLease:
+        """Make the experts resident and pin them; at most `num_slots` distinct ids."""
+        ids = list(dict.fromkeys(int(x) for x in expert_ids))
+        assert len(ids) <= self.num_slots, f"{len(ids)} experts do not fit in {self.num_slots} slots"
+        t0 = time.perf_counter()
+        waited = False
+        slot_of: Dict[int, int] = {}
+        demand: List[tuple] = []
+        with self._cond:
+            lay = self._layers[layer]
+            for e in ids:  # pin what is there first, so the misses below cannot evict it
+                self._check_id(lay, e)
+                if e in lay.where:
+                    j = lay.where[e]
+                    slot = lay.slots[j]
+                    slot.pins += 1
+                    if slot.state == RESIDENT:
+                        lay.stats.hits += 1
+                    else:
+                        lay.stats.late += 1
+                    slot_of[e] = j
+            for e in ids:
+                if e in slot_of:
+                    continue
+                lay.stats.misses += 1
+                j = self._victim(lay)
+                while j is None:  # every slot pinned or loading: a load finishing frees one
+                    if self._error is not None:
+                        raise RuntimeError("a background expert load failed") from self._error
+                    waited = True
+                    self._cond.wait()
+                    j = self._victim(lay)
+                self._claim(lay, j, e)
+                lay.slots[j].pins += 1
+                slot_of[e] = j
+                demand.append((layer, j, e))
+        for job in demand:  # misses load here: the caller needs them before it can go on
+            waited = True
+            self._load(*job, prefetch=False)
+        with self._cond:
+            while any(lay.slots[j].state == LOADING for j in slot_of.values()):
+                waited = True
+                self._cond.wait()
+            if any(lay.slots[j].expert != e for e, j in slot_of.items()):
+                raise RuntimeError(f"loading an expert of layer {layer} failed") from self._error
+            now = self._tick()
+            for j in slot_of.values():
+                lay.slots[j].last_use = now
+            if waited:
+                lay.stats.stall_seconds += time.perf_counter() - t0
+        if self._cuda:
+            for j in slot_of.values():
+                event = lay.slots[j].event
+                if event is not None:
+                    torch.cuda.current_stream().wait_event(event)
+        return ExpertLease(layer, slot_of)
+
+    def release(self, lease: ExpertLease) -> None:
+        with self._cond:
+            lay = self._layers[lease.layer]
+            for j in lease.slot_of.values():
+                assert lay.slots[j].pins > 0, "release of an unpinned slot"
+                lay.slots[j].pins -= 1
+            self._cond.notify_all()
+
+    def weights(self, layer: int):
+        """(w13 slots, w2 slots) of `layer`: index them with a lease's slot ids."""
+        lay = self._layers[layer]
+        return lay.w13, lay.w2
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._worker.join(timeout=10)
+        close_source(self.source)
+
+    # ---- internals (called with the lock held, except _load/_run) --------------------------
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    @staticmethod
+    def _check_id(lay: _Layer, e: int) -> None:
+        if not 0 <= e < lay.num_experts:
+            raise ValueError(f"expert id {e} out of range 0..{lay.num_experts - 1}")
+
+    @staticmethod
+    def _victim(lay: _Layer) -> Optional[int]:
+        best, best_use = None, None
+        for j, s in enumerate(lay.slots):
+            if s.state == FREE:
+                return j
+            if s.state == RESIDENT and s.pins == 0 and (best_use is None or s.last_use < best_use):
+                best, best_use = j, s.last_use
+        return best
+
+    def _claim(self, lay: _Layer, j: int, e: int) -> None:
+        slot = lay.slots[j]
+        if slot.state == RESIDENT:
+            del lay.where[slot.expert]
+            lay.stats.evictions += 1
+        slot.expert, slot.state, slot.event = e, LOADING, None
+        lay.where[e] = j
+
+    def _load(self, layer: int, j: int, e: int, prefetch: bool) -> None:
+        lay = self._layers[layer]
+        event = None
+        if self._cuda:
+            with torch.cuda.stream(self._load_stream):
+                nbytes = self.source.read_into(layer, e, lay.w13[j], lay.w2[j])
+                event = torch.cuda.Event()
+                event.record(self._load_stream)
+        else:
+            nbytes = self.source.read_into(layer, e, lay.w13[j], lay.w2[j])
+        with self._cond:
+            slot = lay.slots[j]
+            slot.state, slot.event = RESIDENT, event
+            slot.last_use = max(slot.last_use, self._tick())
+            lay.stats.loads += 1
+            lay.stats.prefetch_loads += int(prefetch)
+            lay.stats.bytes_loaded += nbytes
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                self._load(*job, prefetch=True)
+            except BaseException as exc:  # a failed load must not leave waiters hanging
+                with self._cond:
+                    layer, j, e = job
+                    lay = self._layers[layer]
+                    lay.where.pop(e, None)
+                    lay.slots[j] = _Slot()
+                    self._error = exc
+                    self._cond.notify_all()
+            finally:
+                self._queue.task_done()

@@ -1,0 +1,166 @@
+"""Routed experts: dispatch tokens sorted by expert, one GEMM pair per active expert, combine.
+
+`MoEExperts` holds the fast tier of one layer: `w13` [S, 2I, H] (gate rows, then up rows)
+and `w2` [S, H, I]. Without an expert store S = num_experts and slot e is expert e. With a
+store (`--moe-expert-cache-slots N`) S = N and the store decides which expert sits in which
+slot; a forward then runs in waves of at most N experts (resident ones first), each wave
+pinned while it computes.
+
+Numerics: every (token, k) pair is computed by exactly one expert GEMM over the same rows in
+the same order whatever the waves, and the k results are combined in a fixed order in
+float32, so the output does not depend on residency (bit-identical to all-resident).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.layers.moe.recorder import get_expert_recorder
+from sglang.srt.layers.moe.router import Router, RouterConfig, RoutingResult
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.moe.expert_store import ExpertStore
+
+# checkpoint leaf name -> (which of gate / up / down): Qwen / DeepSeek / OLMoE and Mixtral
+EXPERT_LEAVES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2, "w1": 0, "w3": 1, "w2": 2}
+
+
+def experts_forward_into(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                         slot_ids: torch.Tensor, out: torch.Tensor) -> None:
+    """out[t, k] = expert(slot_ids[t, k])(hidden[t]) for every pair with slot_ids >= 0.
+
+    hidden [T, H]; w13 [S, 2I, H]; w2 [S, H, I]; slot_ids [T, k] int64; out [T, k, H].
+    Pairs are sorted by slot (stable), so each expert sees its tokens in token order."""
+    k = slot_ids.shape[1]
+    flat = slot_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    sorted_slots = flat[order]
+    active, counts = torch.unique_consecutive(sorted_slots, return_counts=True)
+    out_flat = out.view(-1, out.shape[-1])
+    start = 0
+    for slot, n in zip(active.tolist(), counts.tolist()):
+        rows = order[start : start + n]
+        start += n
+        if slot < 0:
+            continue
+        x = hidden[rows // k]  # [n, H]
+        gate_up = F.linear(x, w13[slot])  # [n, 2I]
+        inter = gate_up.shape[-1] // 2
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        out_flat[rows] = F.linear(act, w2[slot])  # [n, H]
+
+
+def combine(out: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """sum_k weights[t, k] * out[t, k] in float32, k in order: [T, k, H] -> [T, H]."""
+    acc = out[:, 0].float() * weights[:, :1]
+    for j in range(1, out.shape[1]):
+        acc = acc + out[:, j].float() * weights[:, j : j + 1]
+    return acc.to(dtype)
+
+
+class MoEExperts(nn.Module):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 layer_id: int, num_slots: Optional[int] = None) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.layer_id = layer_id
+        self.intermediate_size = intermediate_size
+        slots = num_experts if num_slots is None else min(num_slots, num_experts)
+        self.w13 = nn.Parameter(torch.empty(slots, 2 * intermediate_size, hidden_size))
+        self.w2 = nn.Parameter(torch.empty(slots, hidden_size, intermediate_size))
+        self.store_backed = num_slots is not None
+        self.store: Optional["ExpertStore"] = None
+        # (expert) -> checkpoint names of (gate, up, down), filled while loading weights
+        self.expert_keys: Dict[int, list] = {}
+
+    def load_expert(self, expert: int, leaf: str, name: str, tensor: torch.Tensor) -> None:
+        """Take one checkpoint tensor of expert `expert`; store-backed layers only note its
+        name (the store reads it from the file when the expert is needed)."""
+        which = EXPERT_LEAVES[leaf]
+        if not 0 <= expert < self.num_experts:
+            raise KeyError(f"{name}: expert {expert} out of range for {self.num_experts} experts")
+        self.expert_keys.setdefault(expert, [None, None, None])[which] = name
+        if self.store_backed:
+            return
+        inter = self.intermediate_size
+        dst = (self.w13[expert, :inter], self.w13[expert, inter:], self.w2[expert])[which]
+        if tuple(dst.shape) != tuple(tensor.shape):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(dst.shape)}")
+        with torch.no_grad():
+            dst.copy_(tensor)
+
+    def missing_experts(self) -> list:
+        return [e for e in range(self.num_experts)
+                if None in self.expert_keys.get(e, [None])]
+
+    def forward(self, hidden: torch.Tensor, routing: RoutingResult) -> torch.Tensor:
+        ids = routing.topk_ids  # [T, k]
+        out = hidden.new_empty((*ids.shape, hidden.shape[-1]))  # [T, k, H]
+        if self.store is None:
+            assert not self.store_backed, "store-backed experts used before attach_expert_store"
+            experts_forward_into(hidden, self.w13, self.w2, ids, out)
+        else:
+            self._forward_with_store(hidden, ids, out)
+        return combine(out, routing.topk_weights, hidden.dtype)
+
+    def _forward_with_store(self, hidden: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
+        store, layer = self.store, self.layer_id
+        needed = torch.unique(ids).tolist()
+        resident = set(store.resident(layer))
+        needed.sort(key=lambda e: e not in resident)  # hits first: they cost no wait
+        n = store.num_slots
+        waves = [needed[i : i + n] for i in range(0, len(needed), n)]
+        for w, wave in enumerate(waves):
+            lease = store.acquire(layer, wave)
+            try:
+                if w + 1 < len(waves):  # start the next wave's loads where slots are free
+                    store.prefetch(layer, waves[w + 1])
+                lut = torch.full((self.num_experts,), -1, dtype=torch.int64, device=ids.device)
+                for e, slot in lease.slot_of.items():
+                    lut[e] = slot
+                w13, w2 = store.weights(layer)
+                experts_forward_into(hidden, w13, w2, lut[ids], out)
+            finally:
+                store.release(lease)
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + routed experts (+ shared experts, optionally gated by sigmoid(x @ g)).
+
+    `shared_name` is the checkpoint's attribute name: `shared_expert` (Qwen2-MoE) or
+    `shared_experts` (DeepSeek)."""
+
+    def __init__(self, hidden_size: int, moe_intermediate_size: int, router: RouterConfig,
+                 layer_id: int, num_slots: Optional[int] = None,
+                 shared_intermediate_size: int = 0, shared_name: str = "shared_expert",
+                 shared_gate: bool = False) -> None:
+        super().__init__()
+        from sglang.srt.models.llama import LlamaMLP
+
+        self.layer_id = layer_id
+        self.gate = Router(hidden_size, router)
+        self.experts = MoEExperts(router.num_experts, hidden_size, moe_intermediate_size,
+                                  layer_id, num_slots)
+        self.shared_name = shared_name if shared_intermediate_size > 0 else None
+        if self.shared_name:
+            setattr(self, shared_name, LlamaMLP(hidden_size, shared_intermediate_size))
+        self.shared_expert_gate = (nn.Linear(hidden_size, 1, bias=False)
+                                   if shared_gate and self.shared_name else None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        routing = self.gate(hidden)
+        get_expert_recorder().record(self.layer_id, routing.topk_ids, self.experts.num_experts)
+        out = self.experts(hidden, routing)
+        if self.shared_name:
+            shared = getattr(self, self.shared_name)(hidden)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(hidden)) * shared
+            out = out + shared
+        return out
+
+    def slot_shapes(self) -> Tuple[torch.Size, torch.Size]:
+        return self.experts.w13.shape[1:], self.experts.w2.shape[1:]

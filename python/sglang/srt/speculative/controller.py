@@ -1,0 +1,167 @@
+"""When to speculate: a per-request fallback controller and a batch-level cost model.
+
+Per request: acceptance is measured per offered draft position (a step that offers a chain
+or tree of depth d and gets k accepted counts k of d). Over the last `window` offered
+positions, a rate below `threshold` switches the request to plain decoding; after
+`reprobe_interval` plain tokens it speculates again for one window (a probe); a failed probe
+doubles the wait (back-off, capped), a good one returns to speculation.
+
+Per batch: step times are measured online (moving averages by batch size and draft budget,
+the draft's work included) and each step picks the budget, "none" included, that maximises
+expected tokens per second; so speculation is off where it would be slower than plain.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger(__name__)
+
+SPEC, PLAIN, PROBE = "spec", "plain", "probe"
+MAX_BACKOFF = 16
+
+
+@dataclasses.dataclass
+class FallbackConfig:
+    window: int = 50
+    threshold: float = 0.5
+    reprobe_interval: int = 100
+
+
+@dataclasses.dataclass
+class RequestController:
+    """Fallback state of one request (all counts are draft positions or tokens)."""
+
+    cfg: FallbackConfig
+    mode: str = SPEC
+    outcomes: Deque[Tuple[int, int]] = dataclasses.field(default_factory=collections.deque)
+    offered: int = 0  # positions in the window
+    accepted: int = 0
+    plain_left: int = 0
+    backoff: int = 1
+    fallback_count: int = 0
+    ema_rate: float = 0.7  # per-position acceptance, for the cost model
+    switches: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
+    tokens_seen: int = 0
+
+    def should_speculate(self) -> bool:
+        return self.mode in (SPEC, PROBE)
+
+    def rate(self) -> float:
+        return self.accepted / self.offered if self.offered else 1.0
+
+    def on_verify(self, accepted: int, offered: int, emitted: int) -> None:
+        self.tokens_seen += emitted
+        if offered <= 0:
+            return
+        self.ema_rate = 0.8 * self.ema_rate + 0.2 * (accepted / offered)
+        self.outcomes.append((accepted, offered))
+        self.offered += offered
+        self.accepted += accepted
+        # Slide: keep the most recent positions that still cover a whole window.
+        while self.outcomes and self.offered - self.outcomes[0][1] >= self.cfg.window:
+            a, o = self.outcomes.popleft()
+            self.offered -= o
+            self.accepted -= a
+        if self.offered < self.cfg.window:
+            return
+        if self.mode == SPEC and self.rate() < self.cfg.threshold:
+            self._fall_back()
+        elif self.mode == PROBE:
+            if self.rate() >= self.cfg.threshold:
+                self.backoff = 1
+                self._switch(SPEC)
+            else:
+                self.backoff = min(self.backoff * 2, MAX_BACKOFF)
+                self._fall_back()
+
+    def on_plain_tokens(self, n: int) -> None:
+        self.tokens_seen += n
+        if self.mode != PLAIN:
+            return
+        self.plain_left -= n
+        if self.plain_left <= 0:
+            self._reset_window()
+            self._switch(PROBE)
+
+    def _fall_back(self) -> None:
+        self.fallback_count += 1
+        self.plain_left = self.cfg.reprobe_interval * self.backoff
+        self._reset_window()
+        self._switch(PLAIN)
+
+    def _reset_window(self) -> None:
+        self.outcomes.clear()
+        self.offered = self.accepted = 0
+
+    def _switch(self, mode: str) -> None:
+        logger.debug("speculation %s -> %s at token %d (rate %.2f)", self.mode, mode,
+                     self.tokens_seen, self.rate())
+        self.mode = mode
+        self.switches.append((self.tokens_seen, mode))
+
+
+def expected_tokens(rate: float, depth: int) -> float:
+    """Tokens one verify emits for a chain of `depth` drafts with per-position acceptance
+    `rate` (accepted prefix + the bonus token)."""
+    rate = min(max(rate, 0.0), 0.999)
+    return (1 - rate ** (depth + 1)) / (1 - rate)
+
+
+class CostModel:
+    """Moving averages of step time per (batch size, budget); picks the budget with the
+    highest expected tokens per second. Budget 1 means plain decoding (the root only)."""
+
+    def __init__(self, budgets: Sequence[int], alpha: float = 0.3, explore_every: int = 200) -> None:
+        self.budgets = sorted(set(b for b in budgets if b >= 1) | {1})
+        self.alpha = alpha
+        self.explore_every = explore_every
+        self.times: Dict[Tuple[int, int], float] = {}
+        self.last_seen: Dict[Tuple[int, int], int] = {}
+        self.step = 0
+
+    @staticmethod
+    def _bucket(bs: int) -> int:
+        return bs if bs <= 4 else 1 << (bs - 1).bit_length()  # 1,2,3,4,8,16,...
+
+    def observe(self, bs: int, budget: int, seconds: float) -> None:
+        key = (self._bucket(bs), budget)
+        old = self.times.get(key)
+        self.times[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        self.last_seen[key] = self.step
+
+    def choose(self, rates: Sequence[float], depth_of) -> int:
+        """Budget for this step; `depth_of(budget)` is the tree depth a budget gives."""
+        self.step += 1
+        bs = self._bucket(len(rates))
+        unseen = [b for b in self.budgets if (bs, b) not in self.times]
+        if unseen:
+            return unseen[0]  # measure every option once
+        stale = min(self.budgets, key=lambda b: self.last_seen[(bs, b)])
+        if self.step - self.last_seen[(bs, stale)] > self.explore_every:
+            return stale  # timings drift (context grows): re-measure now and then
+        best, best_rate = 1, -1.0
+        for b in self.budgets:
+            gain = sum(expected_tokens(r, depth_of(b)) if b > 1 else 1.0 for r in rates)
+            speed = gain / self.times[(bs, b)]
+            if speed > best_rate:
+                best, best_rate = b, speed
+        return best
+
+
+class StepTimer:
+    """Wall time of one scheduler step, attributed to the cost model when it was a pure
+    decode/speculate step (prefill chunks would distort the per-budget averages)."""
+
+    def __init__(self) -> None:
+        self.start = 0.0
+
+    def begin(self) -> None:
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start

@@ -1,0 +1,106 @@
+"""CPU kernels (AVX2 + FMA, OpenMP), JIT-built on first use as a torch extension.
+
+`small_m_linear(x, weight, bias)` computes x @ weight^T + bias reading the weight from memory
+once per call, so verifying 8 speculative tokens costs about what decoding one does.
+The build is cached under ~/.cache/sglang-fork/sgl_kernel_build/<cpu+torch key>/ and only the
+first use in a fresh cache compiles (~1 min). Invariant: `is_available()` never raises; when
+it is False (no compiler, no AVX2/FMA, build error) callers use torch instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import threading
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+_SOURCES = ("small_m_linear.cpp",)
+_EXT_NAME = "sgl_cpu_linear"
+
+# Rows the kernel handles in one pass over the weight; bigger inputs are split into chunks of
+# this many rows (see small_m_linear), as measured in benchmark/kernels/bench_cpu_linear.py.
+MAX_M = 32
+
+_lock = threading.Lock()
+_module: Optional[ModuleType] = None
+_error: Optional[str] = None
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _build_dir() -> str:
+    # -march=native code is only valid on the CPU that built it: key the cache by CPU flags.
+    flags = " ".join(sorted(_cpu_flags()))
+    key = f"{platform.machine()}|{flags}|{torch.__version__}|{sys.version_info[:2]}"
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    return os.path.join(os.path.expanduser("~"), ".cache", "sglang-fork", "sgl_kernel_build",
+                        digest)
+
+
+def _load() -> Optional[ModuleType]:
+    global _module, _error
+    with _lock:
+        if _module is not None or _error is not None:
+            return _module
+        if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= _cpu_flags():
+            _error = "CPU lacks AVX2 + FMA"
+            return None
+        try:
+            from torch.utils.cpp_extension import load
+
+            build_dir = _build_dir()
+            os.makedirs(build_dir, exist_ok=True)
+            _module = load(
+                name=_EXT_NAME,
+                sources=[os.path.join(_CSRC, s) for s in _SOURCES],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=build_dir,
+                verbose=False,
+            )
+        except Exception as e:  # no compiler, no ninja, compile error: fall back to torch
+            _error = f"{type(e).__name__}: {e}"
+        return _module
+
+
+def is_available() -> bool:
+    """True when the kernel is built (building it now if needed) and runs on this CPU."""
+    return _load() is not None
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why `is_available()` is False (None when it is True or not yet checked)."""
+    return _error
+
+
+def small_m_linear(x: torch.Tensor, weight: torch.Tensor,
+                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T (+ bias[N]) -> [..., N] in x's dtype; fp32 accumulation.
+
+    x, weight, bias: CPU, float32 or bfloat16 (mixed is fine). The weight is streamed once per
+    MAX_M rows of x. Raises RuntimeError when the kernel is unavailable.
+    """
+    mod = _load()
+    if mod is None:
+        raise RuntimeError(f"sgl_kernel CPU linear is unavailable: {_error}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])  # [M, K]
+    return mod.small_m_linear(x2, weight, bias).reshape(*lead, weight.shape[0])
+
+
+__all__ = ["MAX_M", "is_available", "small_m_linear", "unavailable_reason"]

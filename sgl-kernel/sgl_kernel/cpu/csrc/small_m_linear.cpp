@@ -1,0 +1,274 @@
+// y[M, N] = x[M, K] @ W[N, K]^T (+ bias) for small M on AVX2 + FMA.
+//
+// Bandwidth-bound design: every W element is loaded from memory once per call whatever M is.
+// A tile of NT rows of W is streamed once from DRAM and then re-used from L1 by every group
+// of MT rows of x; x (converted to fp32 once) stays in L2, blocked over K when M * K is large.
+// Accumulation is fp32; bf16 W is widened by a 16-bit shift (bf16 is the top half of fp32).
+// Threads (torch's OpenMP pool, torch.get_num_threads()) split N into contiguous ranges.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <type_traits>
+#include <utility>
+
+namespace {
+
+using bf16 = at::BFloat16;
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+inline __m256 load8(const bf16* p) {
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline float to_f32(float v) { return v; }
+
+inline float to_f32(bf16 v) {
+  uint32_t bits = uint32_t(v.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// y[m][n] (+)= sum_{k < kc} x[m][k] * w[n][k] for an MT x NT tile; x rows are in registers
+// (MT), W vectors are widened one at a time, MT * NT accumulators: <= 16 ymm registers.
+//
+// bf16 W: one 256-bit load holds 16 weights; lane j has w[2j] in its low half and w[2j+1]
+// in its high half, so `<< 16` gives the even weights and `& 0xffff0000` the odd ones as
+// fp32. x is packed to match (per 16-block: 8 even k, then 8 odd k; see pack_x), so no
+// shuffle is needed. fp32 W: 8-wide steps, x packed plainly.
+//
+// pf (may be null): NT rows laid out like w, to prefetch into cache while this tile computes,
+// so that DRAM streaming overlaps the FMAs of the tile before it is needed.
+template <int MT, int NT, typename WT>
+void tile(const float* __restrict x, int64_t ldx, const WT* __restrict w, int64_t ldw,
+          int64_t kc, float* __restrict y, int64_t ldy, bool accumulate, const WT* pf) {
+  constexpr bool kBf16 = std::is_same<WT, bf16>::value;
+  constexpr int kStep = kBf16 ? 16 : 8;
+  __m256 acc[MT][NT];
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NT; ++n) acc[m][n] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + kStep <= kc; k += kStep) {
+    if (pf != nullptr && (k * sizeof(WT)) % 64 == 0) {
+#pragma GCC unroll 8
+      for (int n = 0; n < NT; ++n)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + n * ldw + k), _MM_HINT_T0);
+    }
+#pragma GCC unroll 2
+    for (int half = 0; half < kStep / 8; ++half) {
+      __m256 xv[MT];
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) {
+        xv[m] = _mm256_loadu_ps(x + m * ldx + k + 8 * half);
+        // Keep x in a register: folded into each FMA it would be loaded NT times, and the
+        // two load ports, not the FMA units, would bound the loop.
+        asm("" : "+x"(xv[m]));
+      }
+#pragma GCC unroll 8
+      for (int n = 0; n < NT; ++n) {
+        __m256 wv;
+        if constexpr (kBf16) {
+          __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + n * ldw + k));
+          wv = half == 0 ? _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16))
+                         : _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(-65536)));
+        } else {
+          wv = _mm256_loadu_ps(w + n * ldw + k);
+          asm("" : "+x"(wv));  // load once, not once per FMA (as for x above)
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m) acc[m][n] = _mm256_fmadd_ps(xv[m], wv, acc[m][n]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    for (int n = 0; n < NT; ++n) {
+      float s = hsum(acc[m][n]);
+      for (int64_t kk = k; kk < kc; ++kk) s += x[m * ldx + kk] * to_f32(w[n * ldw + kk]);
+      y[m * ldy + n] = accumulate ? y[m * ldy + n] + s : s;
+    }
+  }
+}
+
+constexpr int kMaxMT = 4;
+constexpr int kMaxNT = 8;
+
+template <typename WT>
+using TileFn = void (*)(const float*, int64_t, const WT*, int64_t, int64_t, float*, int64_t, bool,
+                        const WT*);
+
+template <typename WT, int MT, int... NTs>
+constexpr std::array<TileFn<WT>, kMaxNT + 1> row_of(std::integer_sequence<int, NTs...>) {
+  return {nullptr, &tile<MT, NTs + 1, WT>...};
+}
+
+// kTiles<WT>[mt][nt] is tile<mt, nt, WT> for 1 <= mt <= kMaxMT, 1 <= nt <= kMaxNT.
+template <typename WT>
+struct Tiles {
+  std::array<TileFn<WT>, kMaxNT + 1> rows[kMaxMT + 1] = {
+      {}, row_of<WT, 1>(std::make_integer_sequence<int, kMaxNT>{}),
+      row_of<WT, 2>(std::make_integer_sequence<int, kMaxNT>{}),
+      row_of<WT, 3>(std::make_integer_sequence<int, kMaxNT>{}),
+      row_of<WT, 4>(std::make_integer_sequence<int, kMaxNT>{})};
+};
+
+// W rows per tile for an x tile of mt rows (measured best on Zen 3: 4x2 and 3x3 reach ~75% of
+// FMA peak from cache; 1x8 and 2x5 keep enough independent FMA chains for tiny M).
+constexpr int kNtFor[kMaxMT + 1] = {0, 8, 5, 3, 2};
+int64_t g_xl1 = 4096, g_wl2 = 192 * 1024, g_pf = 1;  // TUNING ONLY
+
+// x [M, K] (row stride ldx) -> fp32 [M, K]; for bf16 W each full 16-block of k is stored as
+// its 8 even then its 8 odd elements (the order tile() widens bf16 W in), the tail plainly.
+template <typename XT>
+void pack_x(const XT* x, int64_t M, int64_t K, int64_t ldx, bool interleave, float* out) {
+  const int64_t k16 = interleave ? K / 16 * 16 : 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const XT* src = x + m * ldx;
+    float* dst = out + m * K;
+    for (int64_t k = 0; k < k16; k += 16) {
+      for (int j = 0; j < 8; ++j) {
+        dst[k + j] = to_f32(src[k + 2 * j]);
+        dst[k + 8 + j] = to_f32(src[k + 2 * j + 1]);
+      }
+    }
+    for (int64_t k = k16; k < K; ++k) dst[k] = to_f32(src[k]);
+  }
+}
+
+template <typename WT, typename OT, typename BT>
+void run(const float* x, int64_t M, int64_t K, const WT* w, int64_t N, const BT* bias, OT* out,
+         float* acc) {
+  static const Tiles<WT> tiles;
+  // x tiles: as many of kMaxMT rows as fit, then one of the remaining M % kMaxMT rows; each
+  // takes its own NT, so n-blocks and thread ranges are multiples of both NTs.
+  const int mt = static_cast<int>(std::min<int64_t>(M, kMaxMT));
+  const int mt_rest = static_cast<int>(M % mt);
+  const int nt = kNtFor[mt], nt_rest = mt_rest ? kNtFor[mt_rest] : nt;
+  const int64_t unit = std::lcm(nt, nt_rest);
+  // Cache blocking: a k-block of an x tile (mt x kb fp32, <= g_xl1 floats) stays in L1 while
+  // it meets every W tile of an n-block; that n-block (nb x kb of W, <= g_wl2 bytes) is fetched
+  // from DRAM by the first x tile and re-read from L2 by the others.
+  // k-blocks start at multiples of 16 (the bf16 packing of x) and split K evenly.
+  const int64_t kb_max = std::max<int64_t>(16, (g_xl1 / mt) / 16 * 16);
+  const int64_t k_blocks = (K + kb_max - 1) / kb_max;
+  const int64_t kb = k_blocks == 1 ? K : ((K + k_blocks - 1) / k_blocks + 15) / 16 * 16;
+  const int64_t nb = std::max<int64_t>(unit, g_wl2 / (kb * int64_t(sizeof(WT))) / unit * unit);
+  const int64_t passes = (M + mt - 1) / mt;
+  at::parallel_for(0, (N + unit - 1) / unit, 1, [&](int64_t u0, int64_t u1) {
+    const int64_t n0 = u0 * unit, n1 = std::min(N, u1 * unit);
+    for (int64_t k0 = 0; k0 < K; k0 += kb) {
+      const int64_t kc = std::min(kb, K - k0);
+      for (int64_t nb0 = n0; nb0 < n1; nb0 += nb) {
+        const int64_t nb1 = std::min(n1, nb0 + nb);
+        // The next n-block is prefetched while this one computes, its rows spread over the
+        // passes of the x tiles: pass i fetches the W tiles j with j % passes == i.
+        const int64_t next1 = std::min(n1, nb1 + nb);
+        for (int64_t m = 0, pass = 0; m < M; m += mt, ++pass) {
+          const int mtile = static_cast<int>(std::min<int64_t>(mt, M - m));
+          const int step = mtile == mt ? nt : nt_rest;
+          for (int64_t n = nb0, j = 0; n < nb1; n += step, ++j) {
+            const int ntile = static_cast<int>(std::min<int64_t>(step, nb1 - n));
+            const int64_t pn = n + nb;
+            const WT* pf = (g_pf && j % passes == pass && pn + ntile <= next1) ? w + pn * K + k0 : nullptr;
+            tiles.rows[mtile][ntile](x + m * K + k0, K, w + n * K + k0, K, kc, acc + m * N + n,
+                                     N, k0 > 0, pf);
+          }
+        }
+      }
+    }
+    // Epilogue on this thread's columns: bias, then rounding to the output dtype.
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = n0; n < n1; ++n) {
+        float v = acc[m * N + n];
+        if (bias != nullptr) v += to_f32(bias[n]);
+        out[m * N + n] = static_cast<OT>(v);
+      }
+    }
+  });
+}
+
+template <typename WT, typename OT>
+void dispatch_bias(const float* x, int64_t M, int64_t K, const WT* w, int64_t N,
+                   const c10::optional<at::Tensor>& bias, OT* out, float* acc) {
+  if (!bias.has_value()) {
+    run<WT, OT, float>(x, M, K, w, N, nullptr, out, acc);
+  } else if (bias->scalar_type() == at::kFloat) {
+    run<WT, OT, float>(x, M, K, w, N, bias->data_ptr<float>(), out, acc);
+  } else {
+    run<WT, OT, bf16>(x, M, K, w, N, bias->data_ptr<bf16>(), out, acc);
+  }
+}
+
+template <typename WT>
+void dispatch_out(const float* x, int64_t M, int64_t K, const WT* w, int64_t N,
+                  const c10::optional<at::Tensor>& bias, at::Tensor& out) {
+  if (out.scalar_type() == at::kFloat) {
+    float* y = out.data_ptr<float>();  // accumulate in place: the epilogue reads and writes one slot
+    dispatch_bias<WT, float>(x, M, K, w, N, bias, y, y);
+  } else {
+    at::Tensor acc = at::empty({M, N}, out.options().dtype(at::kFloat));
+    dispatch_bias<WT, bf16>(x, M, K, w, N, bias, out.data_ptr<bf16>(), acc.data_ptr<float>());
+  }
+}
+
+// x: [M, K] fp32 or bf16; weight: [N, K] fp32 or bf16; bias: [N] or None. Returns [M, N] in
+// x's dtype.
+at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& weight,
+                          const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "small_m_linear: CPU tensors only");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "small_m_linear: x [M, K], weight [N, K]");
+  TORCH_CHECK(x.size(1) == weight.size(1), "small_m_linear: K of x and weight differ");
+  auto is_ok = [](at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; };
+  TORCH_CHECK(is_ok(x.scalar_type()) && is_ok(weight.scalar_type()),
+              "small_m_linear: float32 or bfloat16 only");
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  c10::optional<at::Tensor> b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "small_m_linear: bias must be [N]");
+    TORCH_CHECK(is_ok(bias->scalar_type()), "small_m_linear: bias float32 or bfloat16");
+    b = bias->contiguous();
+  }
+  at::Tensor xc = x.contiguous();
+  at::Tensor xf = at::empty({M, K}, x.options().dtype(at::kFloat));
+  const bool interleave = weight.scalar_type() == at::kBFloat16;
+  if (xc.scalar_type() == at::kFloat) {
+    pack_x<float>(xc.data_ptr<float>(), M, K, K, interleave, xf.data_ptr<float>());
+  } else {
+    pack_x<bf16>(xc.data_ptr<bf16>(), M, K, K, interleave, xf.data_ptr<float>());
+  }
+  at::Tensor w = weight.contiguous();
+  at::Tensor out = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out;
+  if (K == 0) return b.has_value() ? b->to(x.scalar_type()).expand({M, N}).contiguous() : out.zero_();
+  if (w.scalar_type() == at::kFloat) {
+    dispatch_out<float>(xf.data_ptr<float>(), M, K, w.data_ptr<float>(), N, b, out);
+  } else {
+    dispatch_out<bf16>(xf.data_ptr<float>(), M, K, w.data_ptr<bf16>(), N, b, out);
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("small_m_linear", &small_m_linear, "y = x @ weight^T (+ bias), W read once",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("set_block", [](int64_t xl1, int64_t wl2, int64_t pf) { g_xl1 = xl1; g_wl2 = wl2; g_pf = pf; });
+}

@@ -1,0 +1,112 @@
+"""Fallback controller and cost model on scripted acceptance sequences and step costs."""
+
+from __future__ import annotations
+
+from sglang.srt.speculative.controller import (PLAIN, PROBE, SPEC, CostModel, FallbackConfig,
+                                               RequestController, expected_tokens)
+
+
+def ctl(window=50, threshold=0.5, reprobe=100) -> RequestController:
+    return RequestController(FallbackConfig(window, threshold, reprobe))
+
+
+def verify_steps(c: RequestController, n: int, accepted: int, depth: int = 4):
+    """n speculative steps, each offering `depth` positions and accepting `accepted`."""
+    for _ in range(n):
+        if not c.should_speculate():
+            return
+        c.on_verify(accepted, depth, accepted + 1)
+
+
+def plain_tokens(c: RequestController, n: int):
+    for _ in range(n):
+        if c.should_speculate():
+            return
+        c.on_plain_tokens(1)
+
+
+def test_high_acceptance_keeps_speculating():
+    c = ctl()
+    verify_steps(c, 200, accepted=3)
+    assert c.mode == SPEC and c.fallback_count == 0
+
+
+def test_falls_back_within_one_window_of_the_drop():
+    c = ctl()
+    verify_steps(c, 50, accepted=4)  # prose: everything accepted
+    positions = 0
+    while c.mode == SPEC:
+        c.on_verify(0, 4, 1)  # a table: nothing accepted
+        positions += 4
+    assert c.mode == PLAIN and c.fallback_count == 1
+    assert positions <= 50  # within one window of positions
+
+
+def test_reprobes_on_schedule_and_backs_off():
+    c = ctl(reprobe=100)
+    verify_steps(c, 20, accepted=0)
+    assert c.mode == PLAIN
+    plain_tokens(c, 99)
+    assert c.mode == PLAIN
+    c.on_plain_tokens(1)
+    assert c.mode == PROBE  # after exactly reprobe_interval plain tokens
+    verify_steps(c, 13, accepted=0)  # a failed probe (one window)
+    assert c.mode == PLAIN and c.backoff == 2 and c.fallback_count == 2
+    plain_tokens(c, 199)
+    assert c.mode == PLAIN  # the wait doubled
+    c.on_plain_tokens(1)
+    assert c.mode == PROBE
+
+
+def test_returns_to_speculation_when_acceptance_recovers():
+    c = ctl(reprobe=10)
+    verify_steps(c, 20, accepted=0)
+    plain_tokens(c, 10)
+    assert c.mode == PROBE
+    verify_steps(c, 13, accepted=4)
+    assert c.mode == SPEC and c.backoff == 1
+    verify_steps(c, 100, accepted=3)
+    assert c.mode == SPEC
+    assert [m for _, m in c.switches] == [PLAIN, PROBE, SPEC]
+
+
+def test_threshold_zero_never_falls_back():
+    c = ctl(threshold=0.0)
+    verify_steps(c, 100, accepted=0)
+    assert c.mode == SPEC
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert abs(expected_tokens(0.5, 1) - 1.5) < 1e-9
+    assert expected_tokens(0.99, 4) > 4.8
+
+
+def test_cost_model_turns_speculation_off_where_plain_is_faster():
+    cm = CostModel([1, 2, 4])
+    depth = lambda b: b - 1
+    # Verifying costs grow steeply with tokens (a CPU without fast small GEMMs).
+    cost = {1: 0.010, 2: 0.030, 4: 0.060}
+    for _ in range(3):
+        b = cm.choose([0.6], depth)
+        cm.observe(1, b, cost[b])
+    assert cm.choose([0.6], depth) == 1
+    # The same acceptance with cheap verification: speculation wins.
+    cm2 = CostModel([1, 2, 4])
+    cheap = {1: 0.010, 2: 0.011, 4: 0.012}
+    for _ in range(3):
+        b = cm2.choose([0.6], depth)
+        cm2.observe(1, b, cheap[b])
+    assert cm2.choose([0.6], depth) == 4
+
+
+def test_cost_model_explores_each_budget_and_per_batch_size():
+    cm = CostModel([1, 3])
+    seen = []
+    for _ in range(2):
+        b = cm.choose([0.5, 0.5], lambda b: b - 1)
+        seen.append(b)
+        cm.observe(2, b, 0.01)
+    assert sorted(seen) == [1, 3]
+    # A new batch size is explored afresh.
+    assert cm.choose([0.5] * 8, lambda b: b - 1) == 1
