@@ -89,6 +89,10 @@ class ServerArgs:
     device: Optional[str] = None
     attention_backend: Optional[str] = None
     moe_runner_backend: str = "auto"
+    # MoE expert store: experts resident in the fast tier per layer (None = all, no store);
+    # the rest are read on demand from the memory-mapped safetensors checkpoint.
+    moe_expert_cache_slots: Optional[int] = None
+    moe_expert_drop_page_cache: bool = False  # drop expert pages after loads (real disk reads)
     tp_size: int = 1
     num_threads: Optional[int] = None
 
@@ -168,6 +172,11 @@ class ServerArgs:
                     raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be at least 1")
+        if self.moe_expert_cache_slots is not None and self.moe_expert_cache_slots < 1:
+            raise ValueError("--moe-expert-cache-slots must be at least 1 (experts per layer kept "
+                             "in the fast tier), or left unset to keep every expert resident")
+        if self.moe_expert_drop_page_cache and self.moe_expert_cache_slots is None:
+            raise ValueError("--moe-expert-drop-page-cache needs --moe-expert-cache-slots")
 
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"

@@ -1,10 +1,11 @@
 """CPU kernels (AVX2 + FMA, OpenMP), JIT-built on first use as a torch extension.
 
-`small_m_linear(x, weight, bias)` computes x @ weight^T + bias reading the weight from memory
-once per call, so verifying 8 speculative tokens costs about what decoding one does.
-The build is cached under ~/.cache/sglang-fork/sgl_kernel_build/<cpu+torch key>/ and only the
-first use in a fresh cache compiles (~1 min). Invariant: `is_available()` never raises; when
-it is False (no compiler, no AVX2/FMA, build error) callers use torch instead.
+`small_m_linear(x, weight, bias)` computes x @ weight^T + bias reading the weight from DRAM
+once per call whatever the number of rows of x, so verifying 8 speculative tokens costs
+about what decoding one does (see benchmark/kernels/bench_cpu_linear.py).
+The build is cached under ~/.cache/sglang-fork/sgl_kernel_build/<cpu+torch key>/; only the
+first use with a fresh cache compiles (~1-2 min). Invariant: `is_available()` never raises;
+when it is False (no compiler or ninja, no AVX2/FMA, build error) callers use torch instead.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import platform
 import sys
 import threading
+import time
 from types import ModuleType
 from typing import Optional
 
@@ -22,10 +24,8 @@ import torch
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = ("small_m_linear.cpp",)
 _EXT_NAME = "sgl_cpu_linear"
-
-# Rows the kernel handles in one pass over the weight; bigger inputs are split into chunks of
-# this many rows (see small_m_linear), as measured in benchmark/kernels/bench_cpu_linear.py.
-MAX_M = 32
+# A build lock older than this was left by a killed build; torch would wait on it forever.
+_STALE_LOCK_S = 15 * 60
 
 _lock = threading.Lock()
 _module: Optional[ModuleType] = None
@@ -43,8 +43,9 @@ def _cpu_flags() -> set:
     return set()
 
 
-def _build_dir() -> str:
-    # -march=native code is only valid on the CPU that built it: key the cache by CPU flags.
+def build_dir() -> str:
+    """Where the extension is built and cached (one folder per CPU flags + torch + Python,
+    since -march=native code only runs on CPUs like the one that built it)."""
     flags = " ".join(sorted(_cpu_flags()))
     key = f"{platform.machine()}|{flags}|{torch.__version__}|{sys.version_info[:2]}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
@@ -58,22 +59,25 @@ def _load() -> Optional[ModuleType]:
         if _module is not None or _error is not None:
             return _module
         if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= _cpu_flags():
-            _error = "CPU lacks AVX2 + FMA"
+            _error = "this CPU lacks AVX2 + FMA"
             return None
         try:
             from torch.utils.cpp_extension import load
 
-            build_dir = _build_dir()
-            os.makedirs(build_dir, exist_ok=True)
+            out = build_dir()
+            os.makedirs(out, exist_ok=True)
+            lock = os.path.join(out, "lock")
+            if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > _STALE_LOCK_S:
+                os.remove(lock)
             _module = load(
                 name=_EXT_NAME,
                 sources=[os.path.join(_CSRC, s) for s in _SOURCES],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
-                build_directory=build_dir,
+                build_directory=out,
                 verbose=False,
             )
-        except Exception as e:  # no compiler, no ninja, compile error: fall back to torch
+        except Exception as e:  # no compiler, no ninja, compile error: callers use torch
             _error = f"{type(e).__name__}: {e}"
         return _module
 
@@ -84,23 +88,24 @@ def is_available() -> bool:
 
 
 def unavailable_reason() -> Optional[str]:
-    """Why `is_available()` is False (None when it is True or not yet checked)."""
+    """Why `is_available()` is False (None when it is True or was not asked yet)."""
     return _error
 
 
 def small_m_linear(x: torch.Tensor, weight: torch.Tensor,
                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]^T (+ bias[N]) -> [..., N] in x's dtype; fp32 accumulation.
+    """x [..., K] @ weight[N, K]^T (+ bias[N]) -> [..., N] in x's dtype, fp32 accumulation.
 
-    x, weight, bias: CPU, float32 or bfloat16 (mixed is fine). The weight is streamed once per
-    MAX_M rows of x. Raises RuntimeError when the kernel is unavailable.
+    CPU tensors, each float32 or bfloat16 (mixed is fine). Any number of rows is correct; the
+    weight is read from DRAM once per call. No autograd. Raises RuntimeError when the kernel
+    is unavailable (check `is_available()` first).
     """
     mod = _load()
     if mod is None:
         raise RuntimeError(f"sgl_kernel CPU linear is unavailable: {_error}")
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])  # [M, K]
+    x2 = x.reshape(lead.numel(), x.shape[-1])  # [M, K]
     return mod.small_m_linear(x2, weight, bias).reshape(*lead, weight.shape[0])
 
 
-__all__ = ["MAX_M", "is_available", "small_m_linear", "unavailable_reason"]
+__all__ = ["build_dir", "is_available", "small_m_linear", "unavailable_reason"]

@@ -34,11 +34,13 @@ class LogitRows:
 
 class OutputProcessor:
     def __init__(self, vocab_size: int, tokenizer, eos_token_ids: Set[int],
-                 extra_meta: Optional[Callable[[Req], Dict[str, Any]]] = None) -> None:
+                 extra_meta: Optional[Callable[[Req], Dict[str, Any]]] = None,
+                 grammar_backend=None) -> None:
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.extra_meta = extra_meta
+        self.grammar_backend = grammar_backend
 
     def init_req(self, req: Req) -> None:
         sp = req.sampling_params
@@ -84,10 +86,14 @@ class OutputProcessor:
     # ------------------------------------------------------------------ sampling
     def sample_and_append(self, reqs: List[Req], logits: torch.Tensor) -> None:
         info = SamplingBatchInfo.from_reqs(reqs, self.vocab_size)
+        if any(r.grammar is not None for r in reqs):
+            info.vocab_mask = self.grammar_backend.forbidden_mask([r.grammar for r in reqs])
         out = sample(logits, info, return_logprobs=any(r.return_logprob for r in reqs))
         next_ids = out.next_token_ids.tolist()
         for i, (req, tok) in enumerate(zip(reqs, next_ids)):
             req.output_ids.append(tok)
+            if req.grammar is not None:
+                req.grammar.accept_token(tok)
             if req.return_logprob:
                 self._record_output_logprob(req, out.logprobs[i], tok)
             self.check_finished(req)

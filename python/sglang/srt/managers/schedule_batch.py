@@ -34,6 +34,10 @@ class Req:
     stop_token_ids_all: Set[int] = dataclasses.field(default_factory=set)
     eos_token_ids: Set[int] = dataclasses.field(default_factory=set)
 
+    # Constrained generation: the compiled grammar arrives asynchronously, then a matcher.
+    grammar_future: Optional[Any] = None
+    grammar: Optional[Any] = None
+
     # Memory state
     req_pool_idx: Optional[int] = None
     kv_len: int = 0

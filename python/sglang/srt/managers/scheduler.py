@@ -11,10 +11,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import time
 from typing import TYPE_CHECKING, Deque, Dict, List, Optional
 
 import torch
 
+from sglang.srt.constrained.grammar_backend import GrammarBackend, grammar_key
 from sglang.srt.managers.io_struct import ReqUpdate, TokenizedGenerateReqInput
 from sglang.srt.managers.output_processor import OutputProcessor
 from sglang.srt.managers.schedule_batch import Req
@@ -63,10 +65,16 @@ class Scheduler:
         self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + tree_room + 8)
         self.tree_cache = create_prefix_cache(server_args.disable_radix_cache, self.allocator,
                                               eviction_policy=server_args.radix_eviction_policy)
+        self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
+                                if tokenizer is not None else None)
+        if self.spec is not None:
+            self.spec.grammar_backend = self.grammar_backend
         self.outputs = OutputProcessor(self.runner.vocab_size, tokenizer,
                                        eos_token_ids=_eos_ids(self.runner.config, tokenizer),
-                                       extra_meta=self.spec.meta_info if self.spec else None)
+                                       extra_meta=self.spec.meta_info if self.spec else None,
+                                       grammar_backend=self.grammar_backend)
         self.waiting: Deque[Req] = collections.deque()
+        self.rejected: List[Req] = []  # failed before running (bad grammar); reported next step
         self.running: List[Req] = []
         self.step_count = 0
         self.seed_rng = torch.Generator().manual_seed(
@@ -87,6 +95,14 @@ class Scheduler:
             req.finished_reason = {"type": "abort", "message": error, "status_code": 400,
                                    "err_type": "BadRequestError"}
             return self.outputs.make_update(req)
+        key = grammar_key(req.sampling_params)
+        if key is not None:
+            if self.grammar_backend is None:
+                req.finished_reason = {"type": "abort", "status_code": 400,
+                                       "message": "regex / json_schema / ebnf need a tokenizer; "
+                                                  "this server runs with --skip-tokenizer-init"}
+                return self.outputs.make_update(req)
+            req.grammar_future = self.grammar_backend.request(key)
         seed = req.sampling_params.sampling_seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self.seed_rng))
@@ -141,14 +157,18 @@ class Scheduler:
         """Run one forward (if there is work); return the updates to send."""
         self.step_count += 1
         self._admit()
+        rejected = [self.outputs.make_update(r) for r in self.rejected]
+        self.rejected.clear()
         plan = self._plan()
         if plan is None:
-            return []
+            if self.waiting:
+                time.sleep(0.002)  # only grammars compiling: do not spin
+            return rejected
         if self.spec is not None:
             plan.trees = self.spec.propose([r for r, n in zip(plan.reqs, plan.num_tokens) if n == 1])
             plan.num_tokens = [len(plan.trees[id(r)]) if id(r) in plan.trees else n
                                for r, n in zip(plan.reqs, plan.num_tokens)]
-        updates = self._allocate(plan)
+        updates = rejected + self._allocate(plan)
         if plan.reqs:
             fb, rows = self._build_batch(plan)
             logits = self.runner.forward(fb)
@@ -178,6 +198,8 @@ class Scheduler:
         for req in ordered:
             if len(self.running) >= self.max_running or self.req_to_token_pool.available_size() == 0:
                 break
+            if not self._grammar_ready(req):
+                continue
             cap = req.fill_len - 1  # at least one token is computed, to get logits
             if req.wants_input_logprobs and not req.input_logprobs_done:
                 cap = min(cap, req.logprob_start_len)
@@ -196,6 +218,24 @@ class Scheduler:
             req.admitted_step = self.step_count
             self.waiting.remove(req)
             self.running.append(req)
+
+    def _grammar_ready(self, req: Req) -> bool:
+        """False while the request's grammar compiles; a bad grammar aborts the request."""
+        fut = req.grammar_future
+        if fut is None or req.grammar is not None:
+            return True
+        if not fut.done():
+            return False
+        try:
+            req.grammar = self.grammar_backend.new_matcher(fut.result())
+            for tok in req.output_ids:  # resumed after retraction: replay what was emitted
+                req.grammar.accept_token(tok)
+        except ValueError as e:
+            req.finished_reason = {"type": "abort", "status_code": 400, "message": str(e)}
+            self.waiting.remove(req)
+            self.rejected.append(req)
+            return False
+        return True
 
     def _plan(self) -> Optional[StepPlan]:
         if not self.running:
@@ -355,6 +395,7 @@ class Scheduler:
         req.req_pool_idx = None
         req.cache_handle = None
         req.kv_len = 0
+        req.grammar = None  # rebuilt (and replayed) if the request resumes
 
     def _retract(self, req: Req) -> None:
         logger.info("KV pool full: retracting request %s (%d tokens); it resumes later",

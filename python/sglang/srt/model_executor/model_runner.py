@@ -44,8 +44,12 @@ class ModelRunner:
         self.model_path = model_path or server_args.model_path
         self.device = server_args.device
         t0 = time.perf_counter()
-        self.model, self.config = load_model(self.model_path, dtype=server_args.dtype,
-                                             device=self.device)
+        # --- MoE expert store (issue 4): experts beyond N slots per layer stay in the file ---
+        self.model, self.config = load_model(
+            self.model_path, dtype=server_args.dtype, device=self.device,
+            moe_expert_cache_slots=getattr(server_args, "moe_expert_cache_slots", None),
+            moe_expert_drop_page_cache=getattr(server_args, "moe_expert_drop_page_cache", False))
+        # --- end MoE expert store ---
         self.model.eval()
         self.dtype = next(self.model.parameters()).dtype
         self.load_seconds = time.perf_counter() - t0
@@ -58,8 +62,11 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_dtype = self.dtype
         self.max_total_num_tokens = max_total_tokens or self._profile_max_tokens(max_running_requests)
-        self.kv_pool = KVPool(self.max_total_num_tokens, self.num_layers, self.num_kv_heads,
-                              self.head_dim, self.kv_dtype, self.device)
+        # --- MLA (issue 4): DeepSeek-V2/V3 store one compressed latent per token ---
+        from sglang.srt.mem_cache.mla_pool import create_kv_pool
+
+        self.kv_pool = create_kv_pool(cfg, self.max_total_num_tokens, self.kv_dtype, self.device)
+        # --- end MLA ---
         self.allocator = TokenSlotAllocator(self.max_total_num_tokens, self.device)
         self.attn_backend = create_attention_backend(server_args.attention_backend)
         logger.info("Loaded %s (%s) in %.1fs; KV pool %d tokens", self.model_path, self.dtype,
@@ -68,8 +75,9 @@ class ModelRunner:
     def _profile_max_tokens(self, max_running_requests: int) -> int:
         if self.server_args.max_total_tokens:
             return self.server_args.max_total_tokens
-        per_token = KVPool.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim,
-                                           self.kv_dtype)
+        from sglang.srt.mem_cache.mla_pool import kv_bytes_per_token  # MLA-aware (issue 4)
+
+        per_token = kv_bytes_per_token(self.config, self.kv_dtype)
         fraction = self.server_args.mem_fraction_static or 0.3
         by_ram = int(free_ram_bytes() * fraction) // per_token
         # No use for more slots than every running request filling its context.

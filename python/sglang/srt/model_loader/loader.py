@@ -73,10 +73,16 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
-               device: str = "cpu") -> Tuple[nn.Module, PretrainedConfig]:
-    """(model in eval mode without grads, its config) from an HF folder or a .gguf file."""
+               device: str = "cpu", moe_expert_cache_slots: Optional[int] = None,
+               moe_expert_drop_page_cache: bool = False) -> Tuple[nn.Module, PretrainedConfig]:
+    """(model in eval mode without grads, its config) from an HF folder or a .gguf file.
+
+    `moe_expert_cache_slots`: MoE models keep that many experts per layer in memory and
+    serve the rest from the checkpoint file through an ExpertStore (`model.expert_store`)."""
     gguf_file = GGUFFile(model_path) if is_gguf(model_path) else None
     config = gguf_config(gguf_file) if gguf_file is not None else load_config(model_path)
+    if moe_expert_cache_slots is not None:
+        config.moe_expert_cache_slots = moe_expert_cache_slots  # read by MoE model constructors
     torch_dtype = resolve_dtype(dtype, config, gguf_file is not None, device)
     model_class = get_model_class(getattr(config, "architectures", None) or [])
     with torch.device("meta"), _default_dtype(torch_dtype):
@@ -85,6 +91,8 @@ def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
     weights = (iter_hf_weights(gguf_file, config) if gguf_file is not None
                else iter_safetensors(model_path))
     model.load_weights(weights)
+    if moe_expert_cache_slots is not None and hasattr(model, "attach_expert_store"):
+        model.attach_expert_store(model_path, drop_page_cache=moe_expert_drop_page_cache)
     model.eval().requires_grad_(False)
     return model, config
 

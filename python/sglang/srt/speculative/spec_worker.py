@@ -7,6 +7,7 @@ Memory and batching stay in the scheduler; acceptance math lives in verify.py.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Dict, List, Optional, Tuple
 
@@ -94,6 +95,8 @@ class SpecWorker:
             ctl = self.controllers[req.rid] = RequestController(self.fallback_cfg)
         return ctl
 
+    grammar_backend = None  # set by the scheduler when constrained generation is available
+
     @property
     def max_tree_nodes(self) -> int:
         return self.num_draft_tokens
@@ -106,8 +109,7 @@ class SpecWorker:
                 and req.max_new_tokens - len(req.output_ids) >= 2
                 and sp.frequency_penalty == 0 and sp.presence_penalty == 0
                 and sp.repetition_penalty == 1
-                and len(req.output_ids) >= sp.min_new_tokens
-                and sp.regex is None and sp.json_schema is None and sp.ebnf is None)
+                and len(req.output_ids) >= sp.min_new_tokens)
 
     def propose(self, reqs) -> Dict[int, DraftTree]:
         self.timer.begin()
@@ -136,9 +138,35 @@ class SpecWorker:
         """logits: [len(tree), vocab] target logits at every tree node."""
         info = SamplingBatchInfo.from_reqs([req], self.vocab_size).expand_rows([len(tree)])
         adjusted = apply_logit_adjustments(logits.float(), info)
+        if req.grammar is not None:
+            return self._verify_with_grammar(req, tree, adjusted, info)
         if req.sampling_params.is_greedy:
             return verify_greedy(tree, adjusted.argmax(dim=-1).tolist())
         return verify_sampling(tree, logits_to_probs(adjusted, info), req.generator)
+
+    def _verify_with_grammar(self, req, tree: DraftTree, adjusted: torch.Tensor,
+                             info) -> VerifyResult:
+        """Walk the tree with the request's matcher: each accepted node's distribution is
+        masked by the grammar state after the path so far, so a drafted token the grammar
+        forbids has probability 0 and is rejected. Leaves the matcher after the path and
+        the bonus token."""
+        matcher = req.grammar
+
+        def row(node: int) -> torch.Tensor:
+            if node:
+                matcher.accept_token(tree.tokens[node])
+            mask = self.grammar_backend.forbidden_mask([matcher])[0]
+            return adjusted[node].masked_fill(mask, float("-inf"))
+
+        if req.sampling_params.is_greedy:
+            result = verify_greedy(tree, lambda n: int(row(n).argmax()))
+        else:
+            one = dataclasses.replace(info, vocab_mask=None)
+            result = verify_sampling(
+                tree, lambda n: logits_to_probs(row(n).unsqueeze(0), _row_info(one, n))[0],
+                req.generator)
+        matcher.accept_token(result.tokens[-1])
+        return result
 
     def record(self, req, offered: int, accepted: int, emitted: int) -> None:
         """One decode-phase step of `req`: `offered` draft positions (tree depth; 0 for a
@@ -189,3 +217,12 @@ class SpecWorker:
 
     def check_all_free(self) -> None:
         self.drafter.check_all_free()
+
+
+def _row_info(info: SamplingBatchInfo, row: int) -> SamplingBatchInfo:
+    """The sampling parameters of one row of an expanded batch."""
+    sl = slice(row, row + 1)
+    return dataclasses.replace(info, temperatures=info.temperatures[sl], top_ps=info.top_ps[sl],
+                               top_ks=info.top_ks[sl], min_ps=info.min_ps[sl],
+                               is_greedy=info.is_greedy[sl], generators=info.generators[sl],
+                               penalties=None, vocab_mask=None)

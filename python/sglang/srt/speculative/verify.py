@@ -12,7 +12,7 @@ outputs exactly p at every position, whatever the drafter proposed.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
+from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 
@@ -30,17 +30,24 @@ class VerifyResult:
         return len(self.path) - 1
 
 
-def verify_greedy(tree: DraftTree, target_ids: List[int]) -> VerifyResult:
-    """target_ids[i]: argmax of the target's (adjusted) logits at node i."""
+TargetAt = Union[Sequence[int], Callable[[int], int]]
+ProbsAt = Union[torch.Tensor, Callable[[int], torch.Tensor]]
+
+
+def verify_greedy(tree: DraftTree, target_ids: TargetAt) -> VerifyResult:
+    """target_ids[i] (or target_ids(i)): argmax of the target's adjusted logits at node i.
+    A callable is asked only for accepted nodes, root first, in path order (so a grammar
+    matcher can advance along the path as it is walked)."""
+    target = target_ids if callable(target_ids) else target_ids.__getitem__
     kids = tree.children()
     node, path = 0, [0]
     while True:
-        nxt = next((c for c in kids[node] if tree.tokens[c] == target_ids[node]), None)
+        want = target(node)
+        nxt = next((c for c in kids[node] if tree.tokens[c] == want), None)
         if nxt is None:
-            break
+            return VerifyResult(path, [tree.tokens[i] for i in path[1:]] + [want])
         node = nxt
         path.append(node)
-    return VerifyResult(path, [tree.tokens[i] for i in path[1:]] + [target_ids[node]])
 
 
 def _uniform(generator: Optional[torch.Generator]) -> float:
@@ -51,13 +58,16 @@ def _draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> int:
     return int(draw_from_probs(probs.unsqueeze(0), [generator])[0])
 
 
-def verify_sampling(tree: DraftTree, probs: torch.Tensor,
+def verify_sampling(tree: DraftTree, probs: ProbsAt,
                     generator: Optional[torch.Generator]) -> VerifyResult:
-    """probs: [n, vocab] the target's processed distribution at every node."""
+    """probs: [n, vocab] the target's processed distribution at every node (or a callable
+    giving node i's row, asked in path order as in verify_greedy)."""
+    probs_at = probs if callable(probs) else probs.__getitem__
     kids = tree.children()
     node, path = 0, [0]
     while True:
-        residual = probs[node].double().clone()
+        p_node = probs_at(node)
+        residual = p_node.double().clone()
         mass = float(residual.sum())
         accepted = None
         for child in kids[node]:
@@ -74,4 +84,5 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor,
         node = accepted
         path.append(node)
         if not kids[node]:
-            return VerifyResult(path, [tree.tokens[i] for i in path[1:]] + [_draw(probs[node], generator)])
+            return VerifyResult(path, [tree.tokens[i] for i in path[1:]]
+                                + [_draw(probs_at(node), generator)])

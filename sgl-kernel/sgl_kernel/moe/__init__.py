@@ -1,0 +1,17 @@
+"""Fused MoE: a Triton grouped-GEMM kernel and its torch reference.
+
+`fused_moe_reference` (torch, any device) is the contract; `fused_moe` (Triton) must match
+it. The engine's CPU path does not use either: it runs `srt/layers/moe/experts.py`.
+Importing this package does not import triton; `fused_moe` imports it on first use.
+"""
+
+from sgl_kernel.moe.reference import fused_moe_reference, moe_align_block_size
+
+
+def fused_moe(*args, **kwargs):
+    from sgl_kernel.moe.fused_moe_triton import fused_moe as _fused_moe
+
+    return _fused_moe(*args, **kwargs)
+
+
+__all__ = ["fused_moe", "fused_moe_reference", "moe_align_block_size"]

@@ -1,0 +1,54 @@
+"""Torch reference for fused MoE, plus the token alignment the Triton kernel consumes."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+
+
+def fused_moe_reference(
+    hidden: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2I, H]: gate rows, then up rows
+    w2: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [T, k]
+    topk_ids: torch.Tensor,  # [T, k] int, expert (or slot) ids into w13 / w2
+) -> torch.Tensor:  # [T, H]
+    """sum_k w[t, k] * down(silu(gate(x_t)) * up(x_t)) of expert ids[t, k], token by token,
+    computed in float32."""
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    inter = w13.shape[1] // 2
+    for t in range(hidden.shape[0]):
+        x = hidden[t].float()
+        for j in range(topk_ids.shape[1]):
+            e = int(topk_ids[t, j])
+            gate_up = w13[e].float() @ x
+            act = F.silu(gate_up[:inter]) * gate_up[inter:]
+            out[t] += topk_weights[t, j].float() * (w2[e].float() @ act)
+    return out.to(hidden.dtype)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_m: int,
+                         num_experts: int) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """Sort (token, k) pairs by expert and pad each expert's run to a multiple of block_m.
+
+    Returns (sorted_pair_ids [P] int32, where padding holds T*k; block_experts [P / block_m]
+    int32, the expert of each block; P). A pair id p is token p // k, choice p % k."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    num_pairs = flat.numel()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    total = int(padded.sum())
+    sorted_ids = torch.full((total,), num_pairs, dtype=torch.int32, device=topk_ids.device)
+    block_experts = torch.empty(total // block_m, dtype=torch.int32, device=topk_ids.device)
+    src, dst = 0, 0
+    for e, (n, p) in enumerate(zip(counts.tolist(), padded.tolist())):
+        if n == 0:
+            continue
+        sorted_ids[dst : dst + n] = order[src : src + n].to(torch.int32)
+        block_experts[dst // block_m : (dst + p) // block_m] = e
+        src += n
+        dst += p
+    return sorted_ids, block_experts, total
