@@ -3,11 +3,18 @@ small_m_linear (bf16 and fp32 W), side by side in one run.
 
 The weights of each shape are cycled through enough copies (> 96 MB) that every call reads W
 from DRAM, as a model's layers do; the L3 cache does not flatter anyone. Times are wall
-clock, the minimum over interleaved repeats (the machine is shared: the minimum is the least
-disturbed run). GB/s = bytes of the stored weight / time.
+clock (or, with --threads 1 --clock thread, the calling thread's CPU time), the minimum over
+interleaved repeats (on a shared machine the minimum is the least disturbed run).
+GB/s = bytes of the stored weight / time.
 
     python benchmark/kernels/bench_cpu_linear.py                 # table + JSON
     python benchmark/kernels/bench_cpu_linear.py --large-ms 128,256,512
+    python benchmark/kernels/bench_cpu_linear.py --e2e           # + SmolLM2 decode / extend
+
+--e2e times whole forward passes of the SmolLM2-135M GGUF in bf16 through TinyRunner after a
+500-token prefix: a 1-token decode, an 8-token extend (last-token logits) and an 8-token
+extend with logits for all 8 (what speculative verification needs), with every nn.Linear
+on torch's F.linear vs on sglang.srt.layers.linear.linear (patched for the measurement).
 """
 
 from __future__ import annotations
@@ -68,17 +75,20 @@ def _calls(k: int, n: int, m: int, ws_bf16: List[torch.Tensor],
     }
 
 
+_CLOCK: Callable[[], float] = time.perf_counter
+
+
 def _time(calls: Dict[str, Callable[[], object]], reps: int) -> Dict[str, float]:
-    """Min wall ms per variant; variants interleaved so a noisy moment hits them all."""
+    """Min ms per variant; variants interleaved so a noisy moment hits them all."""
     best = {name: float("inf") for name in calls}
     for f in calls.values():
         f()
     with torch.inference_mode():
         for _ in range(reps):
             for name, f in calls.items():
-                t = time.perf_counter()
+                t = _CLOCK()
                 f()
-                best[name] = min(best[name], (time.perf_counter() - t) * 1e3)
+                best[name] = min(best[name], (_CLOCK() - t) * 1e3)
     return best
 
 
@@ -96,7 +106,8 @@ def bench_shape(label: str, k: int, n: int, ms: List[int], reps: int) -> List[Di
 
 def print_table(label: str, k: int, n: int, rows: List[Dict[str, object]]) -> None:
     print(f"\n{label}  (K={k}, N={n}; ms and GB/s of weight)")
-    print(f"{'M':>4} " + " ".join(f"{v:>18}" for v in VARIANTS) + "  ours/torch bf16  M/M=1 ours bf16")
+    head = " ".join(f"{v:>18}" for v in VARIANTS)
+    print(f"{'M':>4} {head}  ours/torch bf16  M/M=1 ours bf16")
     base = rows[0]["ms"]["ours_bf16"]
     for r in rows:
         cells = " ".join(f"{r['ms'][v]:8.3f} ({r['weight_GBps'][v]:5.1f})" for v in VARIANTS)
@@ -104,28 +115,92 @@ def print_table(label: str, k: int, n: int, rows: List[Dict[str, object]]) -> No
         print(f"{r['M']:>4} {cells}  {speed:14.1f}x  {r['ms']['ours_bf16'] / base:14.2f}")
 
 
+def _patch_linears(model: torch.nn.Module, on: bool) -> None:
+    """Route every nn.Linear of `model` through layers.linear.linear (on) or back to F.linear."""
+    import types
+
+    from sglang.srt.layers.linear import linear
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            if on:
+                mod.forward = types.MethodType(lambda self, x: linear(x, self.weight, self.bias),
+                                               mod)
+            elif "forward" in mod.__dict__:
+                del mod.forward
+
+
+def bench_e2e(reps: int, prefix: int = 500, ext: int = 8) -> Dict[str, object]:
+    from sglang.test.fixtures import smollm2_gguf_path
+    from sglang.test.harness import TinyRunner
+
+    runner = TinyRunner(smollm2_gguf_path(), dtype="bfloat16", max_reqs=1,
+                        max_context=prefix + 4 * reps * (2 * ext + 1) + 64, kv_slots=4096)
+    vocab = runner.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    runner.prefill([torch.randint(100, vocab, (prefix,), generator=gen).tolist()])
+    steps = {
+        "decode_1": lambda: runner.decode([int(torch.randint(100, vocab, (1,)))]),
+        f"extend_{ext}": lambda: runner.extend([torch.randint(100, vocab, (ext,)).tolist()]),
+        f"extend_{ext}_all_logits": lambda: runner.extend(
+            [torch.randint(100, vocab, (ext,)).tolist()], all_logits=True),
+    }
+    best = {f"{name}/{impl}": float("inf") for name in steps for impl in ("torch", "ours")}
+    for rep in range(reps + 1):  # rep 0 warms both paths up
+        for name, step in steps.items():
+            for impl in ("torch", "ours"):
+                _patch_linears(runner.model, impl == "ours")
+                t = _CLOCK()
+                step()
+                if rep:
+                    best[f"{name}/{impl}"] = min(best[f"{name}/{impl}"], (_CLOCK() - t) * 1e3)
+    _patch_linears(runner.model, False)
+    runner.release()
+    print(f"\nSmolLM2-135M bf16, TinyRunner, {prefix}-token prefix (ms, min of {reps})")
+    for name in steps:
+        t, o = best[f"{name}/torch"], best[f"{name}/ours"]
+        print(f"  {name:24s} torch {t:8.2f}   ours {o:8.2f}   speedup {t / o:5.2f}x")
+    return {"model": "SmolLM2-135M-Instruct Q4_1 GGUF as bf16", "prefix": prefix,
+            "ms": best}
+
+
 def main() -> None:
+    global _CLOCK
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ms", default="1,2,4,8,16,32,64", help="rows of x to time")
     ap.add_argument("--large-ms", default="", help="extra large M (e.g. 128,256,512)")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default="cpu_linear", help="benchmark/results/<out>.json")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--e2e", action="store_true", help="also time SmolLM2 forward passes")
+    ap.add_argument("--skip-kernels", action="store_true", help="only the --e2e part")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="thread: CPU time of the calling thread, which excludes time the OS "
+                         "gave to other processes (a shared machine); needs --threads 1")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "thread":
+        if torch.get_num_threads() != 1:
+            sys.exit("--clock thread measures one thread: add --threads 1")
+        _CLOCK = time.thread_time
     if not is_available():
         sys.exit(f"sgl_kernel CPU linear unavailable: {unavailable_reason()}")
     ms = [int(v) for v in args.ms.split(",")]
     ms += [int(v) for v in args.large_ms.split(",") if v]
     results = []
-    for label, k, n in SHAPES:
+    for label, k, n in [] if args.skip_kernels else SHAPES:
         rows = bench_shape(label, k, n, ms, args.reps)
         print_table(label, k, n, rows)
         results.append({"shape": label, "K": k, "N": n, "rows": rows})
+    e2e = bench_e2e(max(3, args.reps // 2)) if args.e2e else None
     info = machine_info()
     info["loadavg_at_end"] = os.getloadavg()
     path = save(args.out, {"benchmark": "cpu_linear", "machine": info,
-                           "method": "wall ms, min over interleaved repeats; W cycled over "
-                                     f">{_DRAM_BYTES / 1e6:.0f} MB of copies (DRAM reads)",
-                           "results": results})
+                           "method": f"{args.clock} clock ms, min over interleaved repeats; W "
+                                     f"cycled over >{_DRAM_BYTES / 1e6:.0f} MB of copies "
+                                     "(DRAM reads)", "clock": args.clock,
+                           "results": results, "e2e": e2e})
     print(f"\nthreads={info['threads']} loadavg={info['loadavg_at_end']}  -> {path}")
 
 

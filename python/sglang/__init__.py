@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from sglang.lang.api import (assistant, assistant_begin, assistant_end, flush_cache, function,
-                             gen, gen_int, gen_string, get_server_info, select,
+                             gen, gen_int, gen_string, get_server_info, image, select,
                              set_default_backend, system, system_begin, system_end, user,
-                             user_begin, user_end)
+                             user_begin, user_end, video)
 from sglang.lang.choices import (greedy_token_selection, token_length_normalized,
                                  unconditional_likelihood_normalized)
 from sglang.lang.global_config import global_config
@@ -38,7 +38,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Engine", "ServerArgs", "RuntimeEndpoint", "Runtime", "EngineBackend", "__version__",
-    "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
+    "function", "gen", "gen_int", "gen_string", "select", "image", "video", "system", "user", "assistant",
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
     "set_default_backend", "flush_cache", "get_server_info", "global_config",
     "greedy_token_selection", "token_length_normalized", "unconditional_likelihood_normalized",

@@ -167,10 +167,9 @@ def constrained(s):
         "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
 
 
-@pytest.mark.xfail(reason="constrained decoding (regex / json_schema) is not in the engine yet",
-                   strict=False)
 @pytest.mark.parametrize("name", ["http", "engine"])
 def test_constrained_generation(backends, name):
+    """regex, gen_int and json_schema as the DSL sends them are honoured by the engine."""
     import json
 
     st = constrained.run(backend=backends[name], temperature=0)

@@ -17,7 +17,7 @@ import sglang as sgl
 from sglang.lang.backend.srt_backend import SrtBackend
 from sglang.lang.chat_template import get_chat_template, get_chat_template_by_model_path
 from sglang.lang.interpreter import StreamExecutor
-from sglang.lang.ir import REGEX_INT, SglExprList, SglGen, SglSamplingParams, SglSelect
+from sglang.lang.ir import REGEX_INT, SglExprList, SglSamplingParams, SglSelect
 from sglang.lang.tracer import trace_program
 
 
@@ -175,11 +175,15 @@ def test_errors_surface_in_state():
     @sgl.function
     def prog(s):
         s += "x" + sgl.gen("a")
+        s += sgl.gen("b")  # queued after the failure: must not leave readers waiting
 
     st = prog.run(backend=Failing())
     assert isinstance(st.error(), RuntimeError)
-    with pytest.raises(RuntimeError, match="not produced"):
-        st["a"]
+    for name in ("a", "b"):
+        with pytest.raises(RuntimeError, match="not produced"):
+            st[name]
+    with pytest.raises(RuntimeError, match="has ended"):
+        st += "more"
 
 
 def test_stream_text_iter():

@@ -91,6 +91,14 @@ def select(name: Optional[str] = None, choices: Optional[List[str]] = None,
     return SglSelect(name, choices, temperature, choices_method)
 
 
+def image(path: str) -> SglExpr:
+    raise NotImplementedError("sgl.image: this fork serves text-only models")
+
+
+def video(path: str, num_frames: int) -> SglExpr:
+    raise NotImplementedError("sgl.video: this fork serves text-only models")
+
+
 def _role(role: str, expr: Any = None) -> SglExprList:
     if expr is None:
         return SglExprList([SglRoleBegin(role), SglRoleEnd(role)])

@@ -108,6 +108,8 @@ class StreamExecutor:
                         for event in list(self.variable_event.values()):
                             event.set()
                         self._finish()
+                else:  # skipped after an error: release whoever waits on its variables
+                    self._register_events(expr, release=True)
             finally:
                 self.queue.task_done()
 
@@ -116,13 +118,16 @@ class StreamExecutor:
             self._finished = True
             self._cond.notify_all()
 
-    def _register_events(self, expr: SglExpr) -> None:
+    def _register_events(self, expr: SglExpr, release: bool = False) -> None:
         if isinstance(expr, SglExprList):
             for e in expr.expr_list:
-                self._register_events(e)
+                self._register_events(e, release)
         elif isinstance(expr, (SglGen, SglSelect)) and expr.name is not None:
             event = self.variable_event.get(expr.name)
-            if event is None or event.is_set():  # a re-generated variable: wait for the new value
+            if release:
+                if event is not None:
+                    event.set()
+            elif event is None or event.is_set():  # re-generated: wait for the new value
                 self.variable_event[expr.name] = threading.Event()
 
     # ------------------------------------------------------------------ variables

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from types import ModuleType
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,29 +28,43 @@ KERNEL_MAX_ROWS_BF16 = 128
 KERNEL_MAX_ROWS_FP32 = 32
 
 _FLOATS = (torch.float32, torch.bfloat16)
-_available: Optional[bool] = None
+_kernel: Optional[Callable[..., torch.Tensor]] = None  # small_m_linear once known to work
+_checked = False
+
+
+def _import_cpu_kernels() -> Optional[ModuleType]:
+    try:
+        import sgl_kernel.cpu as cpu
+
+        return cpu
+    except ImportError:
+        pass
+    # A source checkout keeps the package in <repo>/sgl-kernel beside <repo>/python.
+    here = os.path.abspath(__file__)
+    for _ in range(5):
+        here = os.path.dirname(here)
+    kernel_dir = os.path.join(here, "sgl-kernel")
+    if not os.path.isdir(os.path.join(kernel_dir, "sgl_kernel")) or kernel_dir in sys.path:
+        return None
+    sys.path.append(kernel_dir)
+    try:
+        import sgl_kernel.cpu as cpu
+
+        return cpu
+    except ImportError:
+        return None
 
 
 def cpu_kernel_available() -> bool:
     """True when sgl_kernel's CPU linear is importable and built. The first call builds it
     (1-2 minutes, once per machine: the build is cached); call it at model load so no
     forward pass waits on the compiler."""
-    global _available
-    if _available is None:
-        try:
-            import sgl_kernel.cpu as cpu
-        except ImportError:
-            # A source checkout keeps the package in <repo>/sgl-kernel beside <repo>/python.
-            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-                os.path.dirname(os.path.abspath(__file__))))))
-            kernel_dir = os.path.join(root, "sgl-kernel")
-            if not os.path.isdir(os.path.join(kernel_dir, "sgl_kernel")):
-                _available = False
-                return False
-            sys.path.append(kernel_dir)
-            import sgl_kernel.cpu as cpu
-        _available = cpu.is_available()
-    return _available
+    global _kernel, _checked
+    if not _checked:
+        cpu = _import_cpu_kernels()
+        _kernel = cpu.small_m_linear if cpu is not None and cpu.is_available() else None
+        _checked = True
+    return _kernel is not None
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -73,9 +88,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
         return F.linear(x, weight, bias)
     if not cpu_kernel_available():
         return F.linear(x, weight, bias)
-    from sgl_kernel.cpu import small_m_linear
-
-    return small_m_linear(x, weight, bias)
+    return _kernel(x, weight, bias)
 
 
 class Linear(nn.Linear):

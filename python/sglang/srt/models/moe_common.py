@@ -108,7 +108,8 @@ class MoECausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: "ForwardBatch") -> torch.Tensor:
         """float32 logits [len(resolved_logits_indices), vocab] (as LlamaForCausalLM)."""
-        get_expert_recorder().begin_step(input_ids, positions)
+        get_expert_recorder().begin_step(input_ids, positions,
+                                         getattr(self.config, "_name_or_path", "") or "")
         hidden, residual = self.model(input_ids, positions, forward_batch)
         rows = forward_batch.resolved_logits_indices()
         hidden = self.model.norm(hidden[rows] + residual[rows])

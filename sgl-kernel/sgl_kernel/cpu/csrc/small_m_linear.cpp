@@ -36,6 +36,10 @@ inline float to_f32(bf16 v) {
 // one x tile's k-block, and bytes of one n-block of W.
 constexpr int64_t kXTileFloats = 4096;
 constexpr int64_t kWBlockBytes = 192 * 1024;
+// Below this much work per thread (in FMAs, a weight counting as >= 4 since streaming it
+// costs about that), waking another thread costs more than it saves.
+constexpr int64_t kMinFmaPerThread = 1 << 18;
+int64_t g_strided = 1;  // TUNING
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -56,7 +60,8 @@ inline float hsum(__m256 v) {
 // so that DRAM streaming overlaps the FMAs of the tile before it is needed.
 template <int MT, int NT, typename WT>
 void tile(const float* __restrict x, int64_t ldx, const WT* __restrict w, int64_t ldw,
-          int64_t kc, float* __restrict y, int64_t ldy, bool accumulate, const WT* pf) {
+          int64_t kc, float* __restrict y, int64_t ldy, int64_t ldyn, bool accumulate,
+          const WT* pf) {
   constexpr bool kBf16 = std::is_same<WT, bf16>::value;
   constexpr int kStep = kBf16 ? 16 : 8;
   __m256 acc[MT][NT];
@@ -101,7 +106,8 @@ void tile(const float* __restrict x, int64_t ldx, const WT* __restrict w, int64_
     for (int n = 0; n < NT; ++n) {
       float s = hsum(acc[m][n]);
       for (int64_t kk = k; kk < kc; ++kk) s += x[m * ldx + kk] * to_f32(w[n * ldw + kk]);
-      y[m * ldy + n] = accumulate ? y[m * ldy + n] + s : s;
+      float& out = y[m * ldy + n * ldyn];
+      out = accumulate ? out + s : s;
     }
   }
 }
@@ -110,8 +116,8 @@ constexpr int kMaxMT = 4;
 constexpr int kMaxNT = 8;
 
 template <typename WT>
-using TileFn = void (*)(const float*, int64_t, const WT*, int64_t, int64_t, float*, int64_t, bool,
-                        const WT*);
+using TileFn = void (*)(const float*, int64_t, const WT*, int64_t, int64_t, float*, int64_t,
+                        int64_t, bool, const WT*);
 
 template <typename WT, int MT, int... NTs>
 constexpr std::array<TileFn<WT>, kMaxNT + 1> row_of(std::integer_sequence<int, NTs...>) {
@@ -137,7 +143,7 @@ constexpr int kNtFor[kMaxMT + 1] = {0, 8, 5, 3, 2};
 template <typename XT>
 void pack_x(const XT* x, int64_t M, int64_t K, int64_t ldx, bool interleave, float* out) {
   const int64_t k16 = interleave ? K / 16 * 16 : 0;
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1));
+  const int64_t grain = std::max<int64_t>(1, kMinFmaPerThread / std::max<int64_t>(K, 1));
   at::parallel_for(0, M, grain, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const XT* src = x + m * ldx;
@@ -172,8 +178,22 @@ void run(const float* x, int64_t M, int64_t K, const WT* w, int64_t N, const BT*
   const int64_t nb =
       std::max<int64_t>(unit, kWBlockBytes / (kb * int64_t(sizeof(WT))) / unit * unit);
   const int64_t passes = (M + mt - 1) / mt;
-  at::parallel_for(0, (N + unit - 1) / unit, 1, [&](int64_t u0, int64_t u1) {
+  const int64_t unit_fmas = unit * K * std::max<int64_t>(M, 4);
+  const int64_t grain = std::max<int64_t>(1, kMinFmaPerThread / unit_fmas);
+  at::parallel_for(0, (N + unit - 1) / unit, grain, [&](int64_t u0, int64_t u1) {
     const int64_t n0 = u0 * unit, n1 = std::min(N, u1 * unit);
+    if (passes == 1 && g_strided) {
+      // One x tile (M <= 4): memory-bound. The NT rows of a W tile are taken Q rows apart, so
+      // each of the NT streams walks consecutive rows, i.e. contiguous memory for the whole
+      // range, which the hardware prefetchers follow far better than NT short rows that
+      // end after K elements (~1.7x the bandwidth for K < 2048 on Zen 3).
+      const int64_t rows = n1 - n0, q = (rows + nt - 1) / nt;
+      for (int64_t i = 0; i < q; ++i) {
+        const int streams = static_cast<int>(std::min<int64_t>(nt, (rows - i + q - 1) / q));
+        tiles.rows[mt][streams](x, K, w + (n0 + i) * K, q * K, K, acc + n0 + i, N, q, false,
+                                nullptr);
+      }
+    } else
     for (int64_t k0 = 0; k0 < K; k0 += kb) {
       const int64_t kc = std::min(kb, K - k0);
       for (int64_t nb0 = n0; nb0 < n1; nb0 += nb) {
@@ -190,7 +210,7 @@ void run(const float* x, int64_t M, int64_t K, const WT* w, int64_t N, const BT*
             const bool fetch = j % passes == pass && pn + ntile <= next1;
             const WT* pf = fetch ? w + pn * K + k0 : nullptr;
             tiles.rows[mtile][ntile](x + m * K + k0, K, w + n * K + k0, K, kc, acc + m * N + n,
-                                     N, k0 > 0, pf);
+                                     N, 1, k0 > 0, pf);
           }
         }
       }
@@ -272,4 +292,5 @@ at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& weight,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_m_linear", &small_m_linear, "y = x @ weight^T (+ bias), W read once",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("set_strided", [](int64_t v) { g_strided = v; });
 }

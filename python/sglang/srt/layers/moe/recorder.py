@@ -6,7 +6,7 @@ A forward is one step: `begin_step(input_ids, positions)` (called by the model) 
 so every record can be tied back to its tokens. `dump(dir)` writes one `.pt` file:
 
     {"version": 1, "num_layers", "num_experts", "top_k",
-     "steps": [{"input_ids": [T], "positions": [T],
+     "steps": [{"model": str, "input_ids": [T], "positions": [T],
                 "topk_ids": {layer: int16 [T, k]}}, ...],
      "counts": int64 [num_layers, num_experts]}   # token-choices per (layer, expert)
 
@@ -52,11 +52,13 @@ class ExpertDistributionRecorder:
 
     # ---- hooks (model side) ----------------------------------------------------------------
 
-    def begin_step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
+    def begin_step(self, input_ids: torch.Tensor, positions: torch.Tensor, model: str = "") -> None:
+        """Open a step; `model` names the model that runs it (a target and an MoE draft both
+        record, and their steps must not be confused)."""
         if not self.recording:
             return
         with self._lock:
-            self._steps.append({"input_ids": input_ids.detach().cpu().clone(),
+            self._steps.append({"model": model, "input_ids": input_ids.detach().cpu().clone(),
                                 "positions": positions.detach().cpu().clone(), "topk_ids": {}})
 
     def record(self, layer: int, topk_ids: torch.Tensor, num_experts: int) -> None:
@@ -65,10 +67,10 @@ class ExpertDistributionRecorder:
             return
         with self._lock:
             if not self._steps:  # a caller that does not mark steps: one step per layer-0 call
-                self._steps.append({"input_ids": None, "positions": None, "topk_ids": {}})
+                self._steps.append({"model": "", "input_ids": None, "positions": None, "topk_ids": {}})
             step = self._steps[-1]
             if layer in step["topk_ids"]:
-                step = {"input_ids": None, "positions": None, "topk_ids": {}}
+                step = {"model": step["model"], "input_ids": None, "positions": None, "topk_ids": {}}
                 self._steps.append(step)
             step["topk_ids"][layer] = topk_ids.detach().to("cpu", torch.int16).clone()
             self._num_layers = max(self._num_layers, layer + 1)

@@ -1,0 +1,135 @@
+"""Decode tokens/s of an MoE fixture with 100%, 50% and 25% of its experts resident.
+
+The slow tier is the memory-mapped checkpoint with its pages dropped after every load
+(`--moe-expert-drop-page-cache`), so a miss is a real disk read. Beside each setting: the
+expert store's hit rate, loads, bytes and stall time, and transformers on the same model
+(all experts in RAM). Batch 1, greedy, a legal-text prompt; decode rate = (N - 1) / time
+from the first to the last new token. Same run, same machine: compare ratios only.
+
+    python benchmark/moe_offload/bench_moe.py --model smollm2-upcycled-8x-perturbed
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import RESULTS, machine_info, plot_bars, prompt_ids, save  # noqa: E402
+
+
+def fixture_path(name: str) -> str:
+    from sglang.test.real_assets import assets_root
+
+    path = name if os.path.isdir(name) else os.path.join(assets_root(), "moe_fixtures", name)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path} missing: run scripts/build_moe_fixtures.py")
+    return path
+
+
+def decode_ours(path: str, prompt: List[int], n_new: int, dtype: str,
+                slots: Optional[int], drop: bool) -> Dict[str, Any]:
+    from sglang.srt.model_loader.loader import load_model
+    from sglang.test.harness import TinyRunner
+
+    model, config = load_model(path, dtype=dtype, moe_expert_cache_slots=slots,
+                               moe_expert_drop_page_cache=drop)
+    runner = TinyRunner.__new__(TinyRunner)  # TinyRunner's loop around an already loaded model
+    runner.__dict__.update(_pools(model, config, len(prompt) + n_new + 8))
+    store = model.expert_store
+    logits = runner.prefill([prompt])
+    if store is not None:
+        store.reset_stats()
+    tok = int(logits.argmax(-1))
+    t0 = time.perf_counter()
+    out = [tok]
+    for _ in range(n_new - 1):
+        tok = int(runner.decode([tok]).argmax(-1))
+        out.append(tok)
+    seconds = time.perf_counter() - t0
+    runner.release()
+    result = {"tok_s": (n_new - 1) / seconds, "tokens": out}
+    if store is not None:
+        total = store.stats().total()
+        result.update(hit_rate=total.hit_rate, loads=total.loads, bytes_loaded=total.bytes_loaded,
+                      stall_s=total.stall_seconds, stall_share=total.stall_seconds / seconds)
+        store.close()
+    return result
+
+
+def _pools(model, config, ctx: int) -> Dict[str, Any]:
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool, TokenSlotAllocator
+    from sglang.srt.mem_cache.mla_pool import create_kv_pool
+
+    dtype = next(model.parameters()).dtype
+    return {"model": model, "config": config, "dtype": dtype, "req_pool": ReqToTokenPool(1, ctx),
+            "allocator": TokenSlotAllocator(ctx), "kv_pool": create_kv_pool(config, ctx, dtype),
+            "backend": TorchNativeAttnBackend(), "rows": [], "lens": []}
+
+
+def decode_hf(path: str, prompt: List[int], n_new: int, dtype: str) -> Dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model(ids, use_cache=True)
+        past, tok = out.past_key_values, int(out.logits[0, -1].argmax())
+        toks = [tok]
+        t0 = time.perf_counter()
+        for _ in range(n_new - 1):
+            out = model(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            past, tok = out.past_key_values, int(out.logits[0, -1].argmax())
+            toks.append(tok)
+        seconds = time.perf_counter() - t0
+    return {"tok_s": (n_new - 1) / seconds, "tokens": toks}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-upcycled-8x-perturbed")
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--no-hf", action="store_true")
+    args = ap.parse_args()
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = fixture_path(args.model)
+    config = AutoConfig.from_pretrained(path)
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) \
+        or config.n_routed_experts
+    prompt = prompt_ids(AutoTokenizer.from_pretrained(path), args.prompt_tokens)
+    settings = {"all in RAM (no store)": (None, False)}
+    for share in (1.0, 0.5, 0.25):
+        settings[f"{int(share * 100)}% resident"] = (max(1, int(experts * share)), True)
+    results: Dict[str, Any] = {}
+    for label, (slots, drop) in settings.items():
+        results[label] = decode_ours(path, prompt, args.new_tokens, args.dtype, slots, drop)
+        results[label]["slots"] = slots
+        print(label, {k: v for k, v in results[label].items() if k != "tokens"}, flush=True)
+    if not args.no_hf:
+        results["transformers (all in RAM)"] = decode_hf(path, prompt, args.new_tokens, args.dtype)
+        print("transformers", results["transformers (all in RAM)"]["tok_s"], flush=True)
+    base = results["all in RAM (no store)"]["tokens"]
+    payload = {"model": args.model, "experts_per_layer": experts, "top_k": config.num_experts_per_tok,
+               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+               "dtype": args.dtype, "machine": machine_info(),
+               "same_tokens_as_no_store": {k: v["tokens"] == base for k, v in results.items()},
+               "results": results}
+    print("json:", save(f"moe_offload_{args.model}", payload))
+    png = plot_bars(os.path.join(RESULTS, f"moe_offload_{args.model}.png"),
+                    f"{args.model}: decode tok/s by experts resident (page cache dropped)",
+                    list(results), {"decode tok/s": [r["tok_s"] for r in results.values()]},
+                    "tokens / s")
+    print("plot:", png)
+
+
+if __name__ == "__main__":
+    main()
