@@ -60,11 +60,20 @@ class TokenizerMetrics:
         self.gen_throughput = gauge("sglang:gen_throughput", "Generation throughput (tokens/s).")
         self.cache_hit_rate = gauge("sglang:cache_hit_rate", "Cached / prompt tokens so far.")
         self.max_total_tokens = gauge("sglang:max_total_num_tokens", "KV pool size in tokens.")
+        # Speculative decoding (present when --speculative-algorithm is set)
+        self.spec_verify = counter("sglang:spec_verify_steps", "Decode steps of speculating requests.")
+        self.spec_accepted = counter("sglang:spec_accepted_tokens", "Draft tokens accepted.")
+        self.spec_drafted = counter("sglang:spec_draft_tokens", "Draft token slots offered.")
+        self.spec_fallbacks = counter("sglang:spec_fallbacks", "Switches to plain decoding.")
+        self.spec_accept_length = gauge("sglang:spec_accept_length",
+                                        "Average tokens per decode step (speculation).")
+        self.spec_accept_rate = gauge("sglang:spec_accept_rate", "Accepted / drafted tokens.")
         self._func_latency = pc.Histogram("sglang:func_latency_seconds", "Latency of HTTP handlers.",
                                           ["name"], buckets=_E2E_BUCKETS, registry=reg)
         self._recent: Deque[Tuple[float, int]] = collections.deque()  # (time, new tokens)
         self._prompt_total = 0
         self._cached_total = 0
+        self._spec_totals = [0, 0]  # accepted, drafted
 
     # ------------------------------------------------------------------ per request
     def on_update(self, state: Any, upd: Any, now: float) -> None:
@@ -88,6 +97,16 @@ class TokenizerMetrics:
         self.e2e.observe(now - state.created)
         if upd.finished_reason.get("type") == "abort":
             self.num_aborted.inc()
+        meta = getattr(upd, "extra_meta", None) or {}
+        if "spec_verify_ct" in meta:
+            self.spec_verify.inc(meta["spec_verify_ct"])
+            self.spec_accepted.inc(meta["spec_accept_token_num"])
+            self.spec_drafted.inc(meta["spec_draft_token_num"])
+            self.spec_fallbacks.inc(meta.get("spec_fallback_count", 0))
+            self._spec_totals[0] += meta["spec_accept_token_num"]
+            self._spec_totals[1] += meta["spec_draft_token_num"]
+            if self._spec_totals[1]:
+                self.spec_accept_rate.set(self._spec_totals[0] / self._spec_totals[1])
         first = state.first_token_time or (now if new else None)
         if first is not None and upd.completion_tokens > 1 and state.stream:
             self.tpot.observe((now - first) / (upd.completion_tokens - 1))
@@ -109,6 +128,8 @@ class TokenizerMetrics:
         if self._prompt_total:
             self.cache_hit_rate.set(self._cached_total / self._prompt_total)
         self.gen_throughput.set(self.throughput())
+        if scheduler_state.get("avg_spec_accept_length") is not None:
+            self.spec_accept_length.set(scheduler_state["avg_spec_accept_length"])
 
     def throughput(self) -> float:
         """Generated tokens per second over the last few seconds."""
