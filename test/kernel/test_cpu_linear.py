@@ -132,3 +132,28 @@ def test_layer_linear_routes_and_matches(seed: int) -> None:
     assert y.requires_grad and y.grad_fn is not None
     y.sum().backward()
     assert layer.weight.grad is not None
+
+
+def test_build_failure_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No compiler (or any build error): is_available() is False without raising, and
+    layers.linear computes with torch."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    from sglang.srt.layers import linear as lin
+
+    def broken_load(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(cpu, "_module", None)
+    monkeypatch.setattr(cpu, "_error", None)
+    monkeypatch.setattr(cpp_extension, "load", broken_load)
+    assert not cpu.is_available()
+    assert "no C++ compiler" in (cpu.unavailable_reason() or "")
+    with pytest.raises(RuntimeError, match="unavailable"):
+        cpu.small_m_linear(torch.randn(2, 8), torch.randn(3, 8))
+
+    monkeypatch.setattr(lin, "_kernel", None)
+    monkeypatch.setattr(lin, "_checked", False)
+    assert not lin.cpu_kernel_available()
+    x, w = torch.randn(4, 8).bfloat16(), torch.randn(3, 8).bfloat16()
+    assert torch.equal(lin.linear(x, w), torch.nn.functional.linear(x, w))

@@ -105,8 +105,14 @@ class ServerArgs:
     speculative_ngram_min_bfs_breadth: int = 1
     speculative_ngram_max_bfs_breadth: int = 10
     speculative_ngram_max_trie_depth: int = 18
-    speculative_draft_kv_policy: str = "full"
-    speculative_draft_kv_budget: Optional[int] = None
+    # Long-context drafting (speculative/draft_kv.py): which context the draft reads.
+    speculative_draft_kv_policy: str = "full"  # full | streaming | retrieval
+    speculative_draft_kv_budget: Optional[int] = None  # resident draft tokens per request
+    speculative_draft_kv_sink: int = 4  # attention-sink tokens at the start of the view
+    speculative_draft_kv_chunk_size: int = 64  # retrieval chunk (tokens)
+    speculative_draft_kv_refresh_interval: int = 4  # retrieval: re-pick chunks every N steps
+    speculative_draft_max_position: Optional[int] = None  # default: draft's max_position_embeddings
+    speculative_draft_max_total_tokens: Optional[int] = None  # draft KV pool size (slots)
     speculative_fallback_window: int = 50
     speculative_fallback_threshold: float = 0.5
     speculative_reprobe_interval: int = 100
@@ -170,6 +176,7 @@ class ServerArgs:
                 value = getattr(self, name)
                 if value is not None and value < 1:
                     raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        self._check_draft_kv()
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be at least 1")
         if self.moe_expert_cache_slots is not None and self.moe_expert_cache_slots < 1:
@@ -177,6 +184,44 @@ class ServerArgs:
                              "in the fast tier), or left unset to keep every expert resident")
         if self.moe_expert_drop_page_cache and self.moe_expert_cache_slots is None:
             raise ValueError("--moe-expert-drop-page-cache needs --moe-expert-cache-slots")
+
+    def _check_draft_kv(self) -> None:
+        """Long-context drafting flags; checks that need the draft's config run at load
+        (DraftKVConfig)."""
+        policy = self.speculative_draft_kv_policy
+        if policy not in ("full", "streaming", "retrieval"):
+            raise ValueError("--speculative-draft-kv-policy must be one of full, streaming, "
+                             f"retrieval; got {policy!r}")
+        algo = (self.speculative_algorithm or "").upper()
+        if policy != "full" and algo != "STANDALONE":
+            raise ValueError(f"--speculative-draft-kv-policy {policy} needs "
+                             "--speculative-algorithm STANDALONE (a draft model with KV)")
+        budget = self.speculative_draft_kv_budget
+        if self.speculative_draft_max_position is not None and policy == "full":
+            raise ValueError("--speculative-draft-max-position applies to the streaming and "
+                             "retrieval policies (full keeps every token at its true position)")
+        if budget is not None and policy == "full":
+            raise ValueError("--speculative-draft-kv-budget bounds the streaming and retrieval "
+                             "policies; set --speculative-draft-kv-policy streaming|retrieval "
+                             "or drop the budget")
+        for name, low in (("speculative_draft_kv_sink", 0), ("speculative_draft_kv_chunk_size", 1),
+                          ("speculative_draft_kv_refresh_interval", 1),
+                          ("speculative_draft_max_position", 16),
+                          ("speculative_draft_max_total_tokens", 16)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+        if budget is None:
+            return
+        sink, chunk = self.speculative_draft_kv_sink, self.speculative_draft_kv_chunk_size
+        if policy == "streaming" and budget < sink + 4:
+            raise ValueError(f"--speculative-draft-kv-budget {budget} leaves no recent window "
+                             f"after {sink} sink tokens: use at least {sink + 4}")
+        if policy == "retrieval" and budget < sink + 3 * chunk:
+            raise ValueError(f"--speculative-draft-kv-budget {budget} is too small for retrieval "
+                             f"with {sink} sinks and chunks of {chunk}: use at least "
+                             f"{sink + 3 * chunk} (sinks + 3 chunks), or smaller "
+                             "--speculative-draft-kv-chunk-size")
 
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"

@@ -55,6 +55,8 @@ def build_dir() -> str:
 
 def _load() -> Optional[ModuleType]:
     global _module, _error
+    if _module is not None:  # the per-call path: no lock
+        return _module
     with _lock:
         if _module is not None or _error is not None:
             return _module
@@ -103,6 +105,8 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor,
     mod = _load()
     if mod is None:
         raise RuntimeError(f"sgl_kernel CPU linear is unavailable: {_error}")
+    if x.dim() == 2:
+        return mod.small_m_linear(x, weight, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(lead.numel(), x.shape[-1])  # [M, K]
     return mod.small_m_linear(x2, weight, bias).reshape(*lead, weight.shape[0])

@@ -101,6 +101,12 @@ def test_pinned_experts_are_never_evicted(tiny_moe_dir) -> None:
     lease = store.acquire(1, [2])  # a prefetched expert is a hit
     assert store.stats().layers[1].hits == 2
     store.release(lease)
+    # Queue prefetches and use one at once: found still loading ("late") or taken over by
+    # the caller, it is correct either way.
+    store.prefetch(1, [6, 7])
+    lease = store.acquire(1, [7])
+    assert torch.equal(w13[lease.slot_of[7]], ref[7][0])
+    store.release(lease)
     assert_baseline(store)
     with pytest.raises(ValueError):
         store.prefetch(1, [8])
@@ -143,3 +149,36 @@ def test_server_args_validate_cache_slots() -> None:
     with pytest.raises(ValueError, match="drop-page-cache"):
         ServerArgs(model_path="x", moe_expert_drop_page_cache=True)
     assert ServerArgs(model_path="x", moe_expert_cache_slots=4).moe_expert_cache_slots == 4
+
+
+def test_sharded_checkpoint_and_missing_expert(tiny_moe_dir, moe_prompts, tmp_path) -> None:
+    """The slow tier spans shards; a checkpoint lacking an expert is refused at load."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tiny_moe_dir("qwen3_moe")
+    ref_tokens = runner_with_slots(folder).generate_greedy(moe_prompts, 6)
+    state = load_file(f"{folder}/model.safetensors")
+    sharded = tmp_path / "sharded"
+    shutil.copytree(folder, sharded)
+    (sharded / "model.safetensors").unlink()
+    names = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for file, part in halves.items():
+        save_file({n: state[n] for n in part}, str(sharded / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    runner = runner_with_slots(str(sharded), slots=2, drop_page_cache=True)
+    assert runner.generate_greedy(moe_prompts, 6) == ref_tokens
+    runner.model.expert_store.close()
+
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    del state["model.layers.2.mlp.experts.5.up_proj.weight"]
+    save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    for slots in (None, 2):
+        with pytest.raises(ValueError, match="layer 2 experts \\[5\\]"):
+            load_model(str(broken), dtype="float32", moe_expert_cache_slots=slots)

@@ -4,12 +4,13 @@ Torch's CPU bf16 GEMM is fast only for one row (gemv); at 2-64 rows it is 4-80x 
 at one, which would make verifying speculative tokens cost more than it saves. The kernel
 (sgl_kernel.cpu.small_m_linear) reads W from DRAM once per call whatever the row count.
 
-Routing rule (benchmark/kernels/bench_cpu_linear.py, Zen 3 AVX2, compared per call):
-- bf16 W, rows <= 128: the kernel (torch bf16 is 2-8x slower from 2 rows on; ~equal at 1).
-- bf16 W, rows > 128: W upcast to fp32 once per call + MKL sgemm; compute-bound there, and
-  MKL's fp32 GEMM beats the kernel by ~20% (torch's bf16 GEMM is 4-8x slower than both).
-- fp32 W, rows <= 32: the kernel (1.1-2x faster than MKL); above, MKL (F.linear).
-- anything else (GPU tensors, fp16, autograd, kernel not built): F.linear.
+Routing rule (benchmark/kernels/bench_cpu_linear.py on Zen 3 AVX2, Qwen2.5-0.5B and
+SmolLM2 shapes; benchmark/results/cpu_linear*.json):
+- bf16 W, rows <= 64: the kernel (2x torch's bf16 gemv at 1 row, 3-7x its GEMM from 2).
+- bf16 W, rows > 64: W upcast to fp32 per call + MKL sgemm: compute-bound there, and from
+  ~128 rows MKL beats the kernel by up to 25%; torch's bf16 GEMM is ~6x slower than both.
+- fp32 W, rows <= 32: the kernel (1.0-2x MKL); above, MKL (F.linear).
+- anything else (non-CPU tensors, fp16, autograd, kernel not built): F.linear.
 Invariant: the result equals F.linear's up to fp32 summation order (bf16 outputs round once).
 """
 
@@ -24,10 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KERNEL_MAX_ROWS_BF16 = 128
+KERNEL_MAX_ROWS_BF16 = 64
 KERNEL_MAX_ROWS_FP32 = 32
 
-_FLOATS = (torch.float32, torch.bfloat16)
+# weight dtype -> most rows sent to the kernel; also the dtypes the kernel takes.
+_KERNEL_ROWS = {torch.bfloat16: KERNEL_MAX_ROWS_BF16, torch.float32: KERNEL_MAX_ROWS_FP32}
 _kernel: Optional[Callable[..., torch.Tensor]] = None  # small_m_linear once known to work
 _checked = False
 
@@ -67,26 +69,23 @@ def cpu_kernel_available() -> bool:
     return _kernel is not None
 
 
-def _rows(x: torch.Tensor) -> int:
-    return x.numel() // max(x.shape[-1], 1)
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """F.linear(x, weight, bias): x [..., K], weight [N, K], bias [N] -> [..., N]."""
-    if (x.device.type != "cpu" or weight.device.type != "cpu" or x.dtype not in _FLOATS
-            or weight.dtype not in _FLOATS or (bias is not None and bias.dtype not in _FLOATS)
+    # Checks ordered cheapest-first: this runs once per projection per forward pass.
+    limit = _KERNEL_ROWS.get(weight.dtype)
+    if (limit is None or x.dtype not in _KERNEL_ROWS or not x.is_cpu or not weight.is_cpu
+            or (bias is not None and bias.dtype not in _KERNEL_ROWS)
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                              or (bias is not None and bias.requires_grad)))):
         return F.linear(x, weight, bias)
-    rows = _rows(x)
-    if weight.dtype == torch.bfloat16:
-        if rows > KERNEL_MAX_ROWS_BF16:
+    rows = x.shape[0] if x.dim() == 2 else x.numel() // max(x.shape[-1], 1)
+    if rows > limit:
+        if weight.dtype == torch.bfloat16:
             b = None if bias is None else bias.float()
             return F.linear(x.float(), weight.float(), b).to(x.dtype)
-    elif rows > KERNEL_MAX_ROWS_FP32:
         return F.linear(x, weight, bias)
-    if not cpu_kernel_available():
+    if _kernel is None and not cpu_kernel_available():
         return F.linear(x, weight, bias)
     return _kernel(x, weight, bias)
 

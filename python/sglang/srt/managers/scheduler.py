@@ -63,8 +63,13 @@ class Scheduler:
                                    self.context_len, self.allocator.size, self.prefill_budget)
         tree_room = self.spec.max_tree_nodes if self.spec else 0
         self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + tree_room + 8)
-        self.tree_cache = create_prefix_cache(server_args.disable_radix_cache, self.allocator,
-                                              eviction_policy=server_args.radix_eviction_policy)
+        # One tree for both models: nodes carry draft slots beside target slots.
+        self.tree_cache = create_prefix_cache(
+            server_args.disable_radix_cache, self.allocator,
+            draft_allocator=self.spec.draft_allocator if self.spec else None,
+            eviction_policy=server_args.radix_eviction_policy)
+        if self.spec is not None:
+            self.spec.attach_cache(self.tree_cache)
         self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
                                 if tokenizer is not None else None)
         if self.spec is not None:
@@ -215,6 +220,8 @@ class Scheduler:
             req.kv_len = req.cache_protected_len = match.length
             if req.total_retractions == 0:
                 req.cached_tokens = match.length
+            if self.spec is not None:  # draft KV: the drafter adopts the cached draft prefix
+                self.spec.adopt(req, match)
             req.admitted_step = self.step_count
             self.waiting.remove(req)
             self.running.append(req)
@@ -376,9 +383,12 @@ class Scheduler:
         """Share a chunk-prefilled prompt through the tree while the request runs on."""
         row = req.req_pool_idx
         slots = self.req_to_token_pool.req_to_token[row, : req.kv_len]
+        draft = self.spec.draft_prefix(req) if self.spec is not None else None
         indices, handle = self.tree_cache.cache_unfinished(req.fill_ids[: req.kv_len], slots,
-                                                           req.cache_handle)
+                                                           req.cache_handle, draft_slots=draft)
         self.req_to_token_pool.write(row, 0, indices)
+        if draft is not None:  # draft KV: the cache now owns (and may have swapped) these
+            self.spec.on_cached(req, self.tree_cache.draft_indices(handle), len(draft))
         req.cache_handle = handle
         req.cache_protected_len = len(indices)
 
@@ -386,11 +396,12 @@ class Scheduler:
         """Hand a request's KV to the prefix cache (which frees what it does not keep)."""
         if req.req_pool_idx is None:
             return
-        if self.spec is not None:
-            self.spec.release(req)
+        # Draft KV: the drafter frees what it keeps alone and hands a prefix to the cache.
+        draft = self.spec.release(req) if self.spec is not None else None
         row = req.req_pool_idx
         slots = self.req_to_token_pool.req_to_token[row, : req.kv_len].clone()
-        self.tree_cache.cache_finished(req.fill_ids[: req.kv_len], slots, req.cache_handle)
+        self.tree_cache.cache_finished(req.fill_ids[: req.kv_len], slots, req.cache_handle,
+                                       draft_slots=draft)
         self.req_to_token_pool.free(row)
         req.req_pool_idx = None
         req.cache_handle = None

@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.base import create_attention_backend
-from sglang.srt.mem_cache.memory_pool import KVPool, TokenSlotAllocator
+from sglang.srt.mem_cache.memory_pool import TokenSlotAllocator
+from sglang.srt.mem_cache.mla_pool import create_kv_pool, kv_bytes_per_token  # MLA-aware (issue 4)
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.server_args import ServerArgs
 
@@ -62,11 +63,8 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_dtype = self.dtype
         self.max_total_num_tokens = max_total_tokens or self._profile_max_tokens(max_running_requests)
-        # --- MLA (issue 4): DeepSeek-V2/V3 store one compressed latent per token ---
-        from sglang.srt.mem_cache.mla_pool import create_kv_pool
-
+        # MLA (issue 4): DeepSeek-V2/V3 get a pool of compressed latents, others a KVPool.
         self.kv_pool = create_kv_pool(cfg, self.max_total_num_tokens, self.kv_dtype, self.device)
-        # --- end MLA ---
         self.allocator = TokenSlotAllocator(self.max_total_num_tokens, self.device)
         self.attn_backend = create_attention_backend(server_args.attention_backend)
         logger.info("Loaded %s (%s) in %.1fs; KV pool %d tokens", self.model_path, self.dtype,
@@ -75,8 +73,6 @@ class ModelRunner:
     def _profile_max_tokens(self, max_running_requests: int) -> int:
         if self.server_args.max_total_tokens:
             return self.server_args.max_total_tokens
-        from sglang.srt.mem_cache.mla_pool import kv_bytes_per_token  # MLA-aware (issue 4)
-
         per_token = kv_bytes_per_token(self.config, self.kv_dtype)
         fraction = self.server_args.mem_fraction_static or 0.3
         by_ram = int(free_ram_bytes() * fraction) // per_token

@@ -66,6 +66,9 @@ class SpecWorker:
             self.drafter = StandaloneDrafter(server_args, max_running, context_len,
                                              max_total_tokens, self.num_steps, self.topk,
                                              chunk_size)
+        # The drafter whose KV hangs off the radix cache beside the target's (None: NGRAM).
+        self.kv_drafter = self.drafter if self.algorithm == "STANDALONE" else None
+        self.draft_cached: Dict[str, int] = {}  # rid -> draft tokens reused at admission
         self.total_verify_ct = 0
         self.total_accepted_tokens = 0  # tokens emitted by decode steps
         self.fallback_cfg = FallbackConfig(server_args.speculative_fallback_window,
@@ -198,7 +201,7 @@ class SpecWorker:
     def meta_info(self, req) -> dict:
         ct = req.spec_verify_ct
         drafted = ct * (self.num_draft_tokens - 1)
-        return {
+        meta = {
             "spec_verify_ct": ct,
             "spec_accept_token_num": req.spec_accept_token_num,
             "spec_draft_token_num": drafted,
@@ -207,13 +210,58 @@ class SpecWorker:
             "spec_accept_histogram": list(req.spec_accept_histogram),
             "spec_fallback_count": self.controller(req).fallback_count,
         }
+        if self.kv_drafter is not None:  # beside `cached_tokens`: the draft's prefix reuse
+            meta["draft_cached_tokens"] = self.draft_cached.get(req.rid, 0)
+        return meta
 
-    def release(self, req) -> None:
-        self.drafter.release(req)
+    # ------------------------------------------------------------------ draft KV <-> radix cache
+    @property
+    def draft_allocator(self):
+        """The draft KV pool's allocator (the radix cache frees draft slots into it)."""
+        return None if self.kv_drafter is None else self.kv_drafter.allocator
+
+    def attach_cache(self, tree_cache) -> None:
+        """Short of draft slots, the drafter evicts the cache's unlocked draft KV (never
+        target KV: draft KV goes first)."""
+        if self.kv_drafter is not None:
+            self.kv_drafter.evict_draft = tree_cache.evict_draft
+
+    def adopt(self, req, match) -> None:
+        """Admission: the request starts from the draft slots cached for its prefix."""
+        if self.kv_drafter is None:
+            return
+        n = self.kv_drafter.adopt(req, match.draft_indices)
+        if req.total_retractions == 0:
+            self.draft_cached[req.rid] = n
+
+    def draft_prefix(self, req) -> Optional[torch.Tensor]:
+        """Draft slots of a prefix of the request's computed tokens, for cache_unfinished."""
+        if self.kv_drafter is None:
+            return None
+        return self.kv_drafter.draft_prefix(req, req.kv_len)
+
+    def on_cached(self, req, draft_indices: torch.Tensor, passed: int) -> None:
+        if self.kv_drafter is not None:
+            self.kv_drafter.on_cached(req, draft_indices, passed)
+
+    def release(self, req) -> Optional[torch.Tensor]:
+        """The request leaves the running set. Returns draft slots (a prefix of its tokens,
+        at most req.kv_len) for cache_finished, which takes ownership; frees the rest.
+        A prefill-only request (max_new_tokens 0) first catches the draft up on its prompt,
+        so a warmed document is cached for both models."""
+        if self.kv_drafter is None:
+            self.drafter.release(req)
+            return None
+        reason = req.finished_reason or {}
+        if (req.max_new_tokens == 0 and reason.get("type") == "length"
+                and req.kv_len == req.fill_len):
+            self.kv_drafter.warm(req, req.kv_len)
+        return self.kv_drafter.release(req, req.kv_len)
 
     def forget(self, req) -> None:
         """The request finished: drop its controller too (retraction keeps it)."""
         self.controllers.pop(req.rid, None)
+        self.draft_cached.pop(req.rid, None)
 
     def check_all_free(self) -> None:
         self.drafter.check_all_free()

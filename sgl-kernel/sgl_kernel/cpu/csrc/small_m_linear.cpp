@@ -1,11 +1,13 @@
 // y[M, N] = x[M, K] @ W[N, K]^T (+ bias) for small M on AVX2 + FMA, W in fp32 or bf16.
 //
-// Invariant: every W element is loaded from DRAM once per call, whatever M is. W is walked in
-// n-blocks (a few hundred KiB, so they stay in L2); every tile of <= 4 rows of x (fp32,
-// packed once per call, a k-block of it small enough for L1) sweeps the whole n-block, so
-// only the first sweep touches DRAM, and it is prefetched during the previous n-block's
-// compute. Accumulation is fp32; bf16 W is widened by 16-bit shifts (bf16 is the top half of
-// an fp32). Threads (torch's OpenMP pool: torch.get_num_threads()) own contiguous N ranges.
+// Invariant: every W element is loaded from DRAM once per call, whatever M is. x is packed
+// to fp32 once per call; every tile of <= 4 rows of x meets a block of W while that block
+// sits in L2 (a k-block of the x tile sits in L1), so only the first x tile's sweep over a
+// block touches DRAM, and that block was prefetched during the previous block's compute.
+// W is read as a few long contiguous streams (see run()). Accumulation is fp32; bf16 W is
+// widened by 16-bit shifts (bf16 is the top half of an fp32). Threads (torch's OpenMP pool:
+// torch.get_num_threads()) own contiguous ranges of N; each output has one summation order
+// whatever the thread count.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -39,7 +41,6 @@ constexpr int64_t kWBlockBytes = 192 * 1024;
 // Below this much work per thread (in FMAs, a weight counting as >= 4 since streaming it
 // costs about that), waking another thread costs more than it saves.
 constexpr int64_t kMinFmaPerThread = 1 << 18;
-int64_t g_strided = 1;  // TUNING
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -48,8 +49,9 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// y[m][n] (+)= sum_{k < kc} x[m][k] * w[n][k] for an MT x NT tile; x rows are in registers
-// (MT), W vectors are widened one at a time, MT * NT accumulators: <= 16 ymm registers.
+// y[m * ldy + n * ldyn] (+)= sum_{k < kc} x[m * ldx + k] * w[n * ldw + k] for an MT x NT
+// tile; x rows are in registers (MT), W vectors are widened one at a time, MT * NT
+// accumulators: <= 16 ymm registers.
 //
 // bf16 W: one 256-bit load holds 16 weights; lane j has w[2j] in its low half and w[2j+1]
 // in its high half, so `<< 16` gives the even weights and `& 0xffff0000` the odd ones as
@@ -114,17 +116,27 @@ void tile(const float* __restrict x, int64_t ldx, const WT* __restrict w, int64_
 
 constexpr int kMaxMT = 4;
 constexpr int kMaxNT = 8;
+// W rows per tile for an x tile of mt rows (measured on Zen 3: 4x2 and 3x3 reach ~75% of the
+// FMA peak from cache; 1x8 and 2x5 keep >= 8 independent FMA chains for tiny M). A tile of
+// mt rows never has more W rows than this; fewer at the ends of runs.
+constexpr int kNtFor[kMaxMT + 1] = {0, 8, 5, 3, 2};
 
 template <typename WT>
 using TileFn = void (*)(const float*, int64_t, const WT*, int64_t, int64_t, float*, int64_t,
                         int64_t, bool, const WT*);
 
-template <typename WT, int MT, int... NTs>
-constexpr std::array<TileFn<WT>, kMaxNT + 1> row_of(std::integer_sequence<int, NTs...>) {
-  return {nullptr, &tile<MT, NTs + 1, WT>...};
+template <typename WT, int MT, int NT>
+constexpr TileFn<WT> tile_or_null() {
+  if constexpr (NT <= kNtFor[MT]) return &tile<MT, NT, WT>;
+  return nullptr;  // never used: not compiled
 }
 
-// kTiles<WT>[mt][nt] is tile<mt, nt, WT> for 1 <= mt <= kMaxMT, 1 <= nt <= kMaxNT.
+template <typename WT, int MT, int... NTs>
+constexpr std::array<TileFn<WT>, kMaxNT + 1> row_of(std::integer_sequence<int, NTs...>) {
+  return {nullptr, tile_or_null<WT, MT, NTs + 1>()...};
+}
+
+// Tiles<WT>::rows[mt][nt] is tile<mt, nt, WT> for 1 <= mt <= kMaxMT, 1 <= nt <= kNtFor[mt].
 template <typename WT>
 struct Tiles {
   std::array<TileFn<WT>, kMaxNT + 1> rows[kMaxMT + 1] = {
@@ -133,10 +145,6 @@ struct Tiles {
       row_of<WT, 3>(std::make_integer_sequence<int, kMaxNT>{}),
       row_of<WT, 4>(std::make_integer_sequence<int, kMaxNT>{})};
 };
-
-// W rows per tile for an x tile of mt rows (measured on Zen 3: 4x2 and 3x3 reach ~75% of the
-// FMA peak from cache; 1x8 and 2x5 keep >= 8 independent FMA chains for tiny M).
-constexpr int kNtFor[kMaxMT + 1] = {0, 8, 5, 3, 2};
 
 // x [M, K] (row stride ldx) -> fp32 [M, K]; for bf16 W each full 16-block of k is stored as
 // its 8 even then its 8 odd elements (the order tile() widens bf16 W in), the tail plainly.
@@ -164,53 +172,54 @@ void run(const float* x, int64_t M, int64_t K, const WT* w, int64_t N, const BT*
          float* acc) {
   static const Tiles<WT> tiles;
   // x tiles: as many of kMaxMT rows as fit, then one of the remaining M % kMaxMT rows; each
-  // takes its own NT, so n-blocks and thread ranges are multiples of both NTs.
+  // takes its own NT, and the W streams below come in multiples of both NTs.
   const int mt = static_cast<int>(std::min<int64_t>(M, kMaxMT));
   const int mt_rest = static_cast<int>(M % mt);
   const int nt = kNtFor[mt], nt_rest = mt_rest ? kNtFor[mt_rest] : nt;
   const int64_t unit = std::lcm(nt, nt_rest);
-  // Cache blocking: a k-block of an x tile (mt x kb fp32) stays in L1 while it meets every W
-  // tile of an n-block; the n-block (nb x kb of W) comes from DRAM once and from L2 after.
+  const int64_t passes = (M + mt - 1) / mt;  // x tiles, each sweeping the same W block
+  // W streams: a thread's rows are cut into S contiguous runs of q rows, and a W tile takes
+  // its NT rows from NT different runs at the same offset i (rows q apart). Each run is
+  // then read front to back as one long contiguous stream, which the hardware prefetchers
+  // follow far better than NT adjacent rows that end after K elements (measured on Zen 3:
+  // 1.3-1.7x the bandwidth of one x tile for K < 2048). One x tile: S = NT streams; several:
+  // at least 4, which measured best there.
+  const int64_t S = passes == 1 ? unit : unit * ((4 + unit - 1) / unit);
+  // Cache blocking (several x tiles only; one tile just streams W past x): a k-block of an x
+  // tile (mt x kb fp32) stays in L1 while it meets every W tile of a block of nbv offsets
+  // (S * nbv rows x kb of W), which comes from DRAM once and from L2 for later x tiles.
   // k-blocks start at multiples of 16 (the bf16 packing of x) and split K evenly.
   const int64_t kb_max = std::max<int64_t>(16, (kXTileFloats / mt) / 16 * 16);
-  const int64_t k_blocks = (K + kb_max - 1) / kb_max;
+  const int64_t k_blocks = passes == 1 ? 1 : (K + kb_max - 1) / kb_max;
   const int64_t kb = k_blocks == 1 ? K : ((K + k_blocks - 1) / k_blocks + 15) / 16 * 16;
-  const int64_t nb =
-      std::max<int64_t>(unit, kWBlockBytes / (kb * int64_t(sizeof(WT))) / unit * unit);
-  const int64_t passes = (M + mt - 1) / mt;
   const int64_t unit_fmas = unit * K * std::max<int64_t>(M, 4);
   const int64_t grain = std::max<int64_t>(1, kMinFmaPerThread / unit_fmas);
   at::parallel_for(0, (N + unit - 1) / unit, grain, [&](int64_t u0, int64_t u1) {
     const int64_t n0 = u0 * unit, n1 = std::min(N, u1 * unit);
-    if (passes == 1 && g_strided) {
-      // One x tile (M <= 4): memory-bound. The NT rows of a W tile are taken Q rows apart, so
-      // each of the NT streams walks consecutive rows, i.e. contiguous memory for the whole
-      // range, which the hardware prefetchers follow far better than NT short rows that
-      // end after K elements (~1.7x the bandwidth for K < 2048 on Zen 3).
-      const int64_t rows = n1 - n0, q = (rows + nt - 1) / nt;
-      for (int64_t i = 0; i < q; ++i) {
-        const int streams = static_cast<int>(std::min<int64_t>(nt, (rows - i + q - 1) / q));
-        tiles.rows[mt][streams](x, K, w + (n0 + i) * K, q * K, K, acc + n0 + i, N, q, false,
-                                nullptr);
-      }
-    } else
+    const int64_t rows = n1 - n0, q = (rows + S - 1) / S;
+    const int64_t nbv = passes == 1 ? q
+        : std::max<int64_t>(1, kWBlockBytes / (S * kb * int64_t(sizeof(WT))));
     for (int64_t k0 = 0; k0 < K; k0 += kb) {
       const int64_t kc = std::min(kb, K - k0);
-      for (int64_t nb0 = n0; nb0 < n1; nb0 += nb) {
-        const int64_t nb1 = std::min(n1, nb0 + nb);
-        // The next n-block is prefetched while this one computes, its rows spread over the
-        // passes of the x tiles: pass i fetches the W tiles j with j % passes == i.
-        const int64_t next1 = std::min(n1, nb1 + nb);
+      for (int64_t i0 = 0; i0 < q; i0 += nbv) {
+        const int64_t i1 = std::min(q, i0 + nbv);
         for (int64_t m = 0, pass = 0; m < M; m += mt, ++pass) {
           const int mtile = static_cast<int>(std::min<int64_t>(mt, M - m));
           const int step = mtile == mt ? nt : nt_rest;
-          for (int64_t n = nb0, j = 0; n < nb1; n += step, ++j) {
-            const int ntile = static_cast<int>(std::min<int64_t>(step, nb1 - n));
-            const int64_t pn = n + nb;
-            const bool fetch = j % passes == pass && pn + ntile <= next1;
-            const WT* pf = fetch ? w + pn * K + k0 : nullptr;
-            tiles.rows[mtile][ntile](x + m * K + k0, K, w + n * K + k0, K, kc, acc + m * N + n,
-                                     N, 1, k0 > 0, pf);
+          int64_t t = 0;  // W tiles of this block, in sweep order
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t runs = std::min<int64_t>(S, (rows - i + q - 1) / q);  // runs > i
+            for (int64_t j = 0; j < runs; j += step, ++t) {
+              const int ntile = static_cast<int>(std::min<int64_t>(step, runs - j));
+              const int64_t row = n0 + i + j * q;
+              // The next block is prefetched while this one computes, spread over the x
+              // tiles' sweeps: sweep p fetches the tiles t with t % passes == p.
+              const bool fetch = passes > 1 && t % passes == pass && i + nbv < q &&
+                                 row + nbv + (ntile - 1) * q < n1;
+              const WT* pf = fetch ? w + (row + nbv) * K + k0 : nullptr;
+              tiles.rows[mtile][ntile](x + m * K + k0, K, w + row * K + k0, q * K, kc,
+                                       acc + m * N + row, N, q, k0 > 0, pf);
+            }
           }
         }
       }
@@ -292,5 +301,4 @@ at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& weight,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_m_linear", &small_m_linear, "y = x @ weight^T (+ bias), W read once",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
-  m.def("set_strided", [](int64_t v) { g_strided = v; });
 }

@@ -40,6 +40,10 @@ def create_attention_backend(name: str) -> AttentionBackend:
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
         return TorchNativeAttnBackend()
+    if name == "triton":
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        return TritonAttnBackend()
     raise ValueError(
         f"--attention-backend {name!r} is not available on this machine; use torch_native"
     )

@@ -24,7 +24,7 @@ import torch
 # (layer, expert) -> checkpoint names of its (gate, up, down) projection weights
 ExpertKeys = Dict[Tuple[int, int], Tuple[str, str, str]]
 
-_MADV_DONTNEED = 4
+_MADV_RANDOM, _MADV_WILLNEED, _MADV_DONTNEED = 1, 3, 4
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -66,6 +66,15 @@ class SafetensorsExpertSource:
         if missing:
             raise KeyError(f"checkpoint in {folder} lacks expert tensors, e.g. {missing[:3]}")
         self._libc = ctypes.CDLL(None, use_errno=True) if drop_page_cache else None
+        if drop_page_cache:
+            # No readahead on the mappings: it would pull neighbouring experts into the page
+            # cache, and their next loads would not be disk reads. Loads ask for exactly
+            # their bytes instead (MADV_WILLNEED), which the kernel reads in large requests.
+            for i, path in enumerate(safetensors_files(folder)):
+                name = next((n for n, (f, _) in self._where.items() if f == i), None)
+                if name is not None:
+                    base = self._tensor(name).data_ptr() - self._where[name][1][0]
+                    self._madvise(base, os.path.getsize(path), _MADV_RANDOM)
 
     def _tensor(self, name: str) -> torch.Tensor:
         return self._handles[self._where[name][0]].get_tensor(name)  # a view of the mapping
@@ -76,6 +85,8 @@ class SafetensorsExpertSource:
         total = 0
         for name, dst in ((gate_name, w13[:inter]), (up_name, w13[inter:]), (down_name, w2)):
             src = self._tensor(name)
+            if self.drop_page_cache:
+                self._madvise(src.data_ptr(), src.numel() * src.element_size(), _MADV_WILLNEED)
             if tuple(src.shape) != tuple(dst.shape):
                 raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != slot {tuple(dst.shape)}")
             dst.copy_(src)  # page faults read the file here; dtype converts if needed
@@ -87,14 +98,15 @@ class SafetensorsExpertSource:
     def _drop(self, name: str, mapped: torch.Tensor) -> None:
         """Unmap our pages of `name`, then ask the kernel to drop them from the page cache
         (mapped pages are never dropped, hence the madvise first)."""
-        addr = mapped.data_ptr()
-        nbytes = mapped.numel() * mapped.element_size()
+        self._madvise(mapped.data_ptr(), mapped.numel() * mapped.element_size(), _MADV_DONTNEED)
+        file_idx, (start, end) = self._where[name]
+        os.posix_fadvise(self._fds[file_idx], start, end - start, os.POSIX_FADV_DONTNEED)
+
+    def _madvise(self, addr: int, nbytes: int, advice: int) -> None:
         lo = addr - addr % _PAGE
         hi = addr + nbytes
         hi += (-hi) % _PAGE
-        self._libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
-        file_idx, (start, end) = self._where[name]
-        os.posix_fadvise(self._fds[file_idx], start, end - start, os.POSIX_FADV_DONTNEED)
+        self._libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), advice)
 
     def close(self) -> None:
         for fd in self._fds:

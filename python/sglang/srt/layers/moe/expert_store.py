@@ -73,6 +73,7 @@ class _Slot:
     expert: int = -1
     state: str = FREE
     pins: int = 0
+    started: bool = False  # LOADING: a thread has begun the copy (else it waits in the queue)
     last_use: int = 0
     event: Optional[object] = None  # CUDA event of the load (GPU)
 
@@ -185,7 +186,8 @@ class ExpertStore:
         t0 = time.perf_counter()
         waited = False
         slot_of: Dict[int, int] = {}
-        demand: List[tuple] = []
+        demand: List[tuple] = []  # (layer, slot, expert) this thread loads now
+        missed = set()
         with self._cond:
             lay = self._layers[layer]
             for e in ids:  # pin what is there first, so the misses below cannot evict it
@@ -198,11 +200,15 @@ class ExpertStore:
                         lay.stats.hits += 1
                     else:
                         lay.stats.late += 1
+                        if not slot.started:  # still queued behind other prefetches: do it now
+                            slot.started = True
+                            demand.append((layer, j, e))
                     slot_of[e] = j
             for e in ids:
                 if e in slot_of:
                     continue
                 lay.stats.misses += 1
+                missed.add(e)
                 j = self._victim(lay)
                 while j is None:  # every slot pinned or loading: a load finishing frees one
                     if self._error is not None:
@@ -212,11 +218,12 @@ class ExpertStore:
                     j = self._victim(lay)
                 self._claim(lay, j, e)
                 lay.slots[j].pins += 1
+                lay.slots[j].started = True
                 slot_of[e] = j
                 demand.append((layer, j, e))
         for job in demand:  # misses load here: the caller needs them before it can go on
             waited = True
-            self._load(*job, prefetch=False)
+            self._load(*job, prefetch=job[2] not in missed)
         with self._cond:
             while any(lay.slots[j].state == LOADING for j in slot_of.values()):
                 waited = True
@@ -279,7 +286,7 @@ class ExpertStore:
         if slot.state == RESIDENT:
             del lay.where[slot.expert]
             lay.stats.evictions += 1
-        slot.expert, slot.state, slot.event = e, LOADING, None
+        slot.expert, slot.state, slot.event, slot.started = e, LOADING, None, False
         lay.where[e] = j
 
     def _load(self, layer: int, j: int, e: int, prefetch: bool) -> None:
@@ -307,7 +314,13 @@ class ExpertStore:
             try:
                 if job is None:
                     return
-                self._load(*job, prefetch=True)
+                layer, j, e = job
+                with self._cond:
+                    slot = self._layers[layer].slots[j]
+                    mine = slot.state == LOADING and slot.expert == e and not slot.started
+                    slot.started = slot.started or mine
+                if mine:  # else a caller took the job over (or the slot moved on)
+                    self._load(layer, j, e, prefetch=True)
             except BaseException as exc:  # a failed load must not leave waiters hanging
                 with self._cond:
                     layer, j, e = job

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.linear import linear
 from sglang.srt.layers.moe.recorder import get_expert_recorder
 from sglang.srt.layers.moe.router import Router, RouterConfig, RoutingResult
 
@@ -48,10 +49,11 @@ def experts_forward_into(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
         if slot < 0:
             continue
         x = hidden[rows // k]  # [n, H]
-        gate_up = F.linear(x, w13[slot])  # [n, 2I]
+        # `linear`: on CPU the small-M kernel for the few rows an expert gets while decoding
+        gate_up = linear(x, w13[slot])  # [n, 2I]
         inter = gate_up.shape[-1] // 2
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out_flat[rows] = F.linear(act, w2[slot])  # [n, H]
+        out_flat[rows] = linear(act, w2[slot])  # [n, H]
 
 
 def combine(out: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

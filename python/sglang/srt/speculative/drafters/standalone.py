@@ -1,28 +1,46 @@
 """STANDALONE drafter: a small model with the target's tokenizer and its own KV pool.
 
-Per step and request: catch the draft's KV up to the request's last token (the root),
-then grow a tree for `num_steps` levels: each level forwards the frontier (the `topk`
-best nodes of the previous level) over the draft prefix plus the frontier's ancestors
-(a tree mask over a KV index list, no copies) and offers each frontier node's `topk` best
-children. The best `budget` nodes by cumulative draft log-probability form the tree.
-Tree nodes' draft KV is temporary: freed at the end of propose; accepted tokens are
-re-read by the next catch-up (a few tokens, in the same forward as the bonus token).
+Per step and request: catch the draft up to the request's last token (the root), then grow
+a tree for `num_steps` levels: each level forwards the frontier (the `topk` best nodes of
+the previous level) over the draft's view plus the frontier's ancestors (a tree mask over a
+KV index list, no copies) and offers each frontier node's `topk` best children. The best
+`budget` nodes by cumulative draft log-probability form the tree. Tree nodes' draft KV is
+temporary: freed at the end of propose; accepted tokens are re-read by the next catch-up.
+
+Which context the draft reads (the view), at which positions, and which draft KV a request
+keeps are decided by `draft_kv.DraftKV` (--speculative-draft-kv-policy); this module only
+runs the forwards it asks for. Draft KV of a shared prefix comes from and goes back to the
+radix cache through `adopt` / `draft_prefix` / `on_cached` / `release`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.speculative.draft_kv import (DEFAULT_BUDGET, ChunkJob, DraftContext, DraftKV,
+                                             DraftKVConfig, Piece, QueryRecorder)
 from sglang.srt.speculative.drafters.base import Drafter
 from sglang.srt.speculative.tree import DraftTree, select_best
 
 logger = logging.getLogger(__name__)
+
+
+def draft_pool_size(server_args, max_running: int, max_total_tokens: int, tree_slots: int) -> int:
+    """Draft KV slots: as many as the target's for `full` (plus tree room); for a bounded
+    policy, every running request's budget and tree, twice (room for cached prefixes)."""
+    if server_args.speculative_draft_max_total_tokens:
+        return server_args.speculative_draft_max_total_tokens
+    full = max_total_tokens + max_running * (tree_slots + 1)
+    if server_args.speculative_draft_kv_policy == "full":
+        return full
+    budget = server_args.speculative_draft_kv_budget or DEFAULT_BUDGET
+    return min(full, 2 * max_running * (budget + tree_slots))
 
 
 class StandaloneDrafter(Drafter):
@@ -31,84 +49,174 @@ class StandaloneDrafter(Drafter):
         self.num_steps = num_steps
         self.topk = topk
         self.chunk_size = chunk_size
-        extra = max_running * (topk * max(num_steps, 1) + 2)
+        self.tree_slots = topk * max(num_steps, 1) + 1  # draft slots one tree may take
+        pool = draft_pool_size(server_args, max_running, max_total_tokens, self.tree_slots)
         self.runner = ModelRunner(server_args, model_path=server_args.speculative_draft_model_path,
-                                  max_context_len=context_len,
-                                  max_total_tokens=max_total_tokens + extra)
+                                  max_context_len=context_len, max_total_tokens=pool)
         self.allocator = self.runner.allocator
+        # Retrieval scores chunks against the draft's own queries: record them on the way.
+        self.recorder = QueryRecorder(self.runner.attn_backend)
+        self.runner.attn_backend = self.recorder
+        cfg = DraftKVConfig.from_server_args(
+            server_args, getattr(self.runner.config, "max_position_embeddings", 4096),
+            num_steps, chunk_size)
+        self.kv = DraftKV(cfg, self.allocator, self.runner.kv_pool, self.runner.num_layers,
+                          summary_capacity=max(1024, max_total_tokens // cfg.chunk_size))
+        if not cfg.bounded and context_len > cfg.max_position:
+            logger.warning("Draft context policy 'full': contexts over %d tokens put the draft "
+                           "past its trained positions; --speculative-draft-kv-policy "
+                           "streaming|retrieval keeps them in range", cfg.max_position)
+        logger.info("Draft KV: policy %s, budget %s, pool %d slots", cfg.policy,
+                    cfg.budget or "unbounded", pool)
         self.req_to_token = ReqToTokenPool(max_running, context_len + 8)
-        self.kv_len: Dict[str, int] = {}  # rid -> tokens of fill_ids with draft KV
+        self.contexts: Dict[str, DraftContext] = {}
+        # Set by the spec worker: frees unlocked draft KV held by the radix cache.
+        self.evict_draft: Optional[Callable[[int], int]] = None
+
+    # ------------------------------------------------------------------ radix cache seam
+    def context(self, req) -> DraftContext:
+        ctx = self.contexts.get(req.rid)
+        if ctx is None:
+            ctx = DraftContext(self.req_to_token.req_to_token[req.req_pool_idx])
+            self.contexts[req.rid] = ctx
+        return ctx
+
+    def adopt(self, req, slots: torch.Tensor) -> int:
+        """Start from the cache's draft slots for the request's prefix; returns the count."""
+        return self.kv.adopt(self.context(req), slots) if len(slots) else 0
+
+    def draft_prefix(self, req, limit: int) -> Optional[torch.Tensor]:
+        ctx = self.contexts.get(req.rid)
+        return None if ctx is None else self.kv.shareable(ctx, limit)
+
+    def on_cached(self, req, canonical: torch.Tensor, passed: int) -> None:
+        ctx = self.contexts.get(req.rid)
+        if ctx is not None:
+            self.kv.on_cached(ctx, canonical, passed)
+
+    def warm(self, req, upto: int) -> bool:
+        """Catch the draft up on fill_ids[:upto] without proposing (a prefill-only request
+        warming a document); False when the draft pool cannot hold it."""
+        ctx = self.context(req)
+        if not self._reserve(self.kv.need(ctx, upto)):
+            return False
+        self._catch_up([req], [upto], want_logits=False)
+        return True
+
+    def release(self, req, keep: int = 0) -> Optional[torch.Tensor]:
+        """Drop the request's draft state; returns draft slots of its prefix [0, <= keep)
+        for the radix cache (ownership passes with them); frees the rest."""
+        ctx = self.contexts.pop(req.rid, None)
+        return None if ctx is None else self.kv.release(ctx, keep)
+
+    def resident(self, req) -> int:
+        ctx = self.contexts.get(req.rid)
+        return 0 if ctx is None else self.kv.resident(ctx)
+
+    def _reserve(self, total: int) -> bool:
+        short = total - self.allocator.available_size()
+        if short > 0 and self.evict_draft is not None:
+            self.evict_draft(short)  # the cache's unlocked draft KV goes first
+        return total <= self.allocator.available_size()
 
     # ------------------------------------------------------------------ propose
     def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
         steps = self.num_steps if depth is None else max(1, min(depth, self.num_steps))
         live, reserved = [], 0
         for r in reqs:
-            self._rewind(r)
-            need = r.fill_len - self.kv_len.get(r.rid, 0) + self.topk * self.num_steps + 1
+            ctx = self.context(r)
+            # Keep draft KV strictly before the root, so catch-up always yields root logits.
+            self.kv.truncate(ctx, r.fill_len - 1)
+            need = self.kv.need(ctx, r.fill_len) + self.tree_slots
             # Short of draft slots: this request decodes plainly this step.
-            if reserved + need <= self.allocator.available_size():
+            if self._reserve(reserved + need):
                 reserved += need
                 live.append(r)
-        root_logits = self._catch_up(live)
+        root_logits = self._catch_up(live, [r.fill_len for r in live], want_logits=True)
+        for r in live:
+            self.kv.step_done(self.contexts[r.rid])
         trees = self._grow(live, root_logits, [budgets[reqs.index(r)] for r in live], steps)
         out: Dict[int, DraftTree] = {id(r): t for r, t in zip(live, trees)}
         return [out.get(id(r)) for r in reqs]
 
-    def _rewind(self, req) -> None:
-        """Keep draft KV strictly before the root, so catch-up always yields root logits."""
-        have = self.kv_len.get(req.rid, 0)
-        if have > req.fill_len - 1:
-            row = self.req_to_token.req_to_token[req.req_pool_idx]
-            self.allocator.free(row[req.fill_len - 1 : have].clone())
-            self.kv_len[req.rid] = req.fill_len - 1
-
-    def _catch_up(self, reqs) -> List[torch.Tensor]:
-        """Draft-extend every request to its last token; returns root logits per request."""
+    def _catch_up(self, reqs, ends: List[int], want_logits: bool) -> List[Optional[torch.Tensor]]:
+        """Draft-extend every request to ends[i] in pieces the policy chooses; returns the
+        logits at ends[i] - 1 per request (when wanted)."""
+        tokens = [r.fill_ids for r in reqs]
+        ctxs = [self.context(r) for r in reqs]
         logits: List[Optional[torch.Tensor]] = [None] * len(reqs)
         while True:
-            todo = [(i, r) for i, r in enumerate(reqs) if logits[i] is None]
-            if not todo:
-                return logits  # type: ignore[return-value]
             budget = max(self.chunk_size, 1)
-            batch, chunks, wants = [], [], []
-            for i, r in todo:
-                start = self.kv_len.get(r.rid, 0)
-                n = r.fill_len - start
-                take = n if n <= max(budget, 1) else max(budget, 0)
-                if take == 0:
+            batch: List[Tuple[int, object, DraftContext, Piece, bool]] = []
+            jobs: List[Tuple[object, DraftContext, ChunkJob]] = []
+            for i, (r, ctx) in enumerate(zip(reqs, ctxs)):
+                piece = self.kv.next_piece(ctx, tokens[i], ends[i], budget)
+                if piece is None:
                     continue
-                budget -= take
-                batch.append((i, r))
-                chunks.append(r.fill_ids[start : start + take])
-                wants.append(take == n)
-            out = self._extend([r for _, r in batch], chunks, wants)
+                budget -= piece.n
+                final = want_logits and piece.start + piece.n == ends[i]
+                # Retrieval re-picks chunks right before the root is read, with the query
+                # of the latest piece, so the root's logits already see them.
+                if final and self.kv.refresh_due(ctx):
+                    jobs += [(r, ctx, job) for job in self.kv.select_chunks(ctx, tokens[i])]
+                batch.append((i, r, ctx, piece, final))
+            if not batch:
+                return logits
+            if jobs:
+                self._compute_chunks(jobs)
+            out = self._forward_pieces(batch, tokens)
             k = 0
-            for (i, r), want in zip(batch, wants):
-                if want:
+            for i, _, _, _, final in batch:
+                if final:
                     logits[i] = out[k]
                     k += 1
 
-    def _extend(self, reqs, chunks: List[List[int]], wants: List[bool]) -> torch.Tensor:
-        ids, pos, rows, seq_lens, locs = [], [], [], [], []
-        for r, chunk, want in zip(reqs, chunks, wants):
-            start = self.kv_len.get(r.rid, 0)
-            row = r.req_pool_idx
-            slots = self.allocator.alloc(len(chunk))
-            self.req_to_token.write(row, start, slots)
-            locs.append(slots)
-            ids += chunk
-            pos += range(start, start + len(chunk))
-            if want:
+    def _forward_pieces(self, batch, tokens: List[List[int]]) -> torch.Tensor:
+        ids: List[int] = []
+        pos, locs, kv_idx, seq_lens, ext, rows, last = [], [], [], [], [], [], []
+        for i, r, ctx, piece, final in batch:
+            view = self.kv.view(ctx)
+            kv_idx.append(torch.cat([view, piece.slots]))  # new tokens last: causal mask
+            ids += tokens[i][piece.start: piece.start + piece.n]
+            pos.append(piece.positions)
+            locs.append(piece.slots)
+            seq_lens.append(len(view) + piece.n)
+            ext.append(piece.n)
+            last.append(len(ids) - 1)
+            if final:
                 rows.append(len(ids) - 1)
-            seq_lens.append(start + len(chunk))
-            self.kv_len[r.rid] = start + len(chunk)
-        fb = self._batch(ForwardMode.DRAFT_EXTEND, reqs, ids, pos, seq_lens,
-                         [len(c) for c in chunks], torch.cat(locs), rows)
-        return self.runner.forward(fb)
+        if self.kv.cfg.policy == "retrieval":
+            self.recorder.rows = torch.tensor(last, dtype=torch.int64)
+        fb = self._batch([b[1] for b in batch], ids, torch.cat(pos), seq_lens, ext,
+                         torch.cat(locs), rows, kv_indices=kv_idx)
+        out = self.runner.forward(fb)
+        queries = self.recorder.take()  # [len(batch), layers, heads, head_dim] or None
+        for k, (i, _, ctx, piece, _) in enumerate(batch):
+            self.kv.commit(ctx, piece, tokens[i])
+            if queries is not None:
+                self.kv.set_query(ctx, queries[k])
+        return out
 
+    def _compute_chunks(self, jobs) -> None:
+        """Recompute the draft KV of chunks entering the view, each over the sinks."""
+        ids: List[int] = []
+        pos, locs, kv_idx, seq_lens, ext = [], [], [], [], []
+        for _, ctx, job in jobs:
+            sinks = self.kv.sinks(ctx)
+            kv_idx.append(torch.cat([sinks, job.slots]))
+            ids += job.tokens
+            pos.append(job.positions)
+            locs.append(job.slots)
+            seq_lens.append(len(sinks) + len(job.tokens))
+            ext.append(len(job.tokens))
+        self.runner.forward(self._batch([j[0] for j in jobs], ids, torch.cat(pos), seq_lens, ext,
+                                        torch.cat(locs), [], kv_indices=kv_idx))
+
+    # ------------------------------------------------------------------ tree
     def _grow(self, reqs, root_logits: List[torch.Tensor], budgets: List[int],
               steps: int) -> List[DraftTree]:
+        if not reqs:
+            return []
         trees = [DraftTree.root_only(r.fill_ids[-1]) for r in reqs]
         frontier: List[List[int]] = [[0] for _ in reqs]
         logits = [x.unsqueeze(0) for x in root_logits]  # per request: [len(frontier), vocab]
@@ -138,8 +246,9 @@ class StandaloneDrafter(Drafter):
         temp_slots.append(new_slots)
         k = 0
         for r, tree, front, slots_of in zip(reqs, trees, frontier, node_slots):
-            prefix_len = self.kv_len[r.rid]
-            prefix = self.req_to_token.req_to_token[r.req_pool_idx, :prefix_len]
+            ctx = self.contexts[r.rid]
+            prefix = self.kv.view(ctx)  # the root's KV is its last computed token
+            root_pos = self.kv.root_position(ctx)
             for node in front:
                 slots_of[node] = int(new_slots[k])
                 k += 1
@@ -149,15 +258,15 @@ class StandaloneDrafter(Drafter):
             for q, node in enumerate(front):
                 for a in tree.path_to(node)[1:]:  # the root's KV is in the prefix
                     tree_mask[q, col[a]] = True
-            masks.append(torch.cat([torch.ones((len(front), prefix_len), dtype=torch.bool),
+            masks.append(torch.cat([torch.ones((len(front), len(prefix)), dtype=torch.bool),
                                     tree_mask], 1))
             kv_idx.append(torch.cat([prefix, torch.tensor([slots_of[n] for n in nodes])]))
             ids += [tree.tokens[n] for n in front]
-            pos += [prefix_len - 1 + tree.depths[n] for n in front]
-            seq_lens.append(prefix_len + len(nodes))
+            pos += [root_pos + tree.depths[n] for n in front]
+            seq_lens.append(len(prefix) + len(nodes))
             ext.append(len(front))
-        fb = self._batch(ForwardMode.DRAFT_EXTEND, reqs, ids, pos, seq_lens, ext, new_slots,
-                         list(range(len(ids))), kv_indices=kv_idx, custom_mask=masks)
+        fb = self._batch(reqs, ids, torch.tensor(pos, dtype=torch.int64), seq_lens, ext,
+                         new_slots, list(range(len(ids))), kv_indices=kv_idx, custom_mask=masks)
         out = self.runner.forward(fb)
         split, start = [], 0
         for e in ext:
@@ -165,26 +274,21 @@ class StandaloneDrafter(Drafter):
             start += e
         return split
 
-    def _batch(self, mode, reqs, ids, pos, seq_lens, ext, out_loc, rows, kv_indices=None,
-               custom_mask=None) -> ForwardBatch:
+    def _batch(self, reqs, ids: List[int], pos: torch.Tensor, seq_lens: List[int],
+               ext: List[int], out_loc: torch.Tensor, rows: List[int],
+               kv_indices: Sequence[torch.Tensor], custom_mask=None) -> ForwardBatch:
         return ForwardBatch(
-            forward_mode=mode, batch_size=len(reqs),
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(pos, dtype=torch.int64),
+            forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(reqs),
+            input_ids=torch.tensor(ids, dtype=torch.int64), positions=pos,
             req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64),
             seq_lens=torch.tensor(seq_lens), extend_seq_lens=torch.tensor(ext),
             out_cache_loc=out_loc, req_to_token_pool=self.req_to_token,
             token_to_kv_pool=self.runner.kv_pool, attn_backend=self.runner.attn_backend,
             seq_lens_cpu=list(seq_lens), extend_seq_lens_cpu=list(ext),
             logits_indices=torch.tensor(rows, dtype=torch.int64),
-            kv_indices=kv_indices, custom_mask=custom_mask)
+            kv_indices=list(kv_indices), custom_mask=custom_mask)
 
     # ------------------------------------------------------------------ memory
-    def release(self, req) -> None:
-        n = self.kv_len.pop(req.rid, 0)
-        if n and req.req_pool_idx is not None:
-            self.allocator.free(self.req_to_token.req_to_token[req.req_pool_idx, :n].clone())
-
     def check_all_free(self) -> None:
-        assert not self.kv_len, f"draft KV still held for {list(self.kv_len)}"
+        assert not self.contexts, f"draft KV still held for {list(self.contexts)}"
         assert self.allocator.available_size() == self.allocator.size, "draft KV slots leaked"
