@@ -92,15 +92,21 @@ def _time(calls: Dict[str, Callable[[], object]], reps: int) -> Dict[str, float]
     return best
 
 
-def bench_shape(label: str, k: int, n: int, ms: List[int], reps: int) -> List[Dict[str, object]]:
+def bench_shape(k: int, n: int, ms: List[int], reps: int) -> Dict[int, Dict[str, float]]:
+    """M -> variant -> min ms."""
     ws_bf16, ws_f32 = _copies(k, n, torch.bfloat16), _copies(k, n, torch.float32)
+    out = {m: _time(_calls(k, n, m, ws_bf16, ws_f32), reps if m <= 64 else max(3, reps // 5))
+           for m in ms}
+    del ws_bf16, ws_f32
+    return out
+
+
+def table_rows(k: int, n: int, ms_by_m: Dict[int, Dict[str, float]]) -> List[Dict[str, object]]:
     rows = []
-    for m in ms:
-        ms_by = _time(_calls(k, n, m, ws_bf16, ws_f32), reps if m <= 64 else max(3, reps // 5))
-        gbs = {v: n * k * (4 if v == "torch_fp32" or v == "ours_fp32" else 2) / t / 1e6
+    for m, ms_by in ms_by_m.items():
+        gbs = {v: n * k * (4 if v in ("torch_fp32", "ours_fp32") else 2) / t / 1e6
                for v, t in ms_by.items()}
         rows.append({"M": m, "ms": ms_by, "weight_GBps": gbs})
-    del ws_bf16, ws_f32
     return rows
 
 
@@ -172,6 +178,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default="cpu_linear", help="benchmark/results/<out>.json")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat the whole table this many times, keeping the minimum per "
+                         "cell: on a shared machine, more chances to catch a quiet moment")
     ap.add_argument("--e2e", action="store_true", help="also time SmolLM2 forward passes")
     ap.add_argument("--skip-kernels", action="store_true", help="only the --e2e part")
     ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
@@ -189,8 +198,15 @@ def main() -> None:
     ms = [int(v) for v in args.ms.split(",")]
     ms += [int(v) for v in args.large_ms.split(",") if v]
     results = []
+    best: Dict[str, Dict[int, Dict[str, float]]] = {}
+    for _ in range(args.rounds):  # rounds spread the repeats over time (see --rounds)
+        for label, k, n in [] if args.skip_kernels else SHAPES:
+            got = bench_shape(k, n, ms, args.reps)
+            prev = best.setdefault(label, got)
+            for m, by in got.items():
+                prev[m] = {v: min(t, prev[m][v]) for v, t in by.items()}
     for label, k, n in [] if args.skip_kernels else SHAPES:
-        rows = bench_shape(label, k, n, ms, args.reps)
+        rows = table_rows(k, n, best[label])
         print_table(label, k, n, rows)
         results.append({"shape": label, "K": k, "N": n, "rows": rows})
     e2e = bench_e2e(max(3, args.reps // 2)) if args.e2e else None
@@ -199,7 +215,8 @@ def main() -> None:
     path = save(args.out, {"benchmark": "cpu_linear", "machine": info,
                            "method": f"{args.clock} clock ms, min over interleaved repeats; W "
                                      f"cycled over >{_DRAM_BYTES / 1e6:.0f} MB of copies "
-                                     "(DRAM reads)", "clock": args.clock,
+                                     f"(DRAM reads); {args.rounds} round(s) of {args.reps} "
+                                     "repeats", "clock": args.clock,
                            "results": results, "e2e": e2e})
     print(f"\nthreads={info['threads']} loadavg={info['loadavg_at_end']}  -> {path}")
 

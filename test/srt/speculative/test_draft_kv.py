@@ -9,7 +9,6 @@ from typing import Dict, List
 import pytest
 import torch
 
-from sglang.srt.model_executor.forward_batch import ForwardMode
 from sglang.srt.server_args import ServerArgs
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
 
@@ -65,7 +64,8 @@ class Probe:
         draft_fwd = drafter.runner.forward
 
         def on_target(fb):
-            self.target[fb.forward_mode.name] = self.target.get(fb.forward_mode.name, 0) + fb.num_tokens
+            mode = fb.forward_mode.name
+            self.target[mode] = self.target.get(mode, 0) + fb.num_tokens
             return target_fwd(fb)
 
         def on_draft(fb):

@@ -19,6 +19,9 @@ from transformers import PretrainedConfig
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.attention.radix_attention import RadixAttention
 from sglang.srt.layers.layernorm import RMSNorm
+# Linear: nn.Linear whose CPU forward uses sgl_kernel's small-row kernel (one weight read
+# per call whatever the row count: decode, verify trees and small chunks cost alike).
+from sglang.srt.layers.linear import Linear
 from sglang.srt.layers.rotary_embedding import (
     RotaryEmbedding,
     apply_rotary,
@@ -38,8 +41,8 @@ def head_dim_of(config: PretrainedConfig) -> int:
 class LlamaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,8 +58,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = head_dim_of(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5,
                                    self.num_kv_heads, layer_id, sliding_window=sliding_window)
 
@@ -130,7 +133,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         qkv_bias, o_bias = self.attention_biases(config)
         self.model = LlamaModel(config, qkv_bias, o_bias, self.sliding_window(config))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
 
-from sglang.srt.speculative.draft_kv_state import (ChunkJob, DraftContext, Piece, QueryRecorder,
-                                                   SummaryCache, _empty)
+from sglang.srt.speculative.draft_kv_state import (ChunkJob, DraftContext, Piece, SummaryCache,
+                                                   _empty)
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.memory_pool import KVPool, TokenSlotAllocator
@@ -155,7 +155,8 @@ class DraftKV:
     def resident(self, ctx: DraftContext) -> int:
         """Draft slots this request owns (the radix cache's shared prefix excluded)."""
         own_prefix = max(0, ctx.prefix_len - ctx.protected)
-        return own_prefix + int(ctx.window_owned.sum()) + sum(len(s) for s, _ in ctx.chunks.values())
+        chunks = sum(len(s) for s, _ in ctx.chunks.values())
+        return own_prefix + int(ctx.window_owned.sum()) + chunks
 
     def need(self, ctx: DraftContext, end: int) -> int:
         """An upper bound on how much a catch-up to `end` grows the request's usage (for

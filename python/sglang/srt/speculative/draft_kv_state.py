@@ -42,6 +42,9 @@ class ChunkJob:
 
 @dataclasses.dataclass
 class DraftContext:
+    """One request's draft KV: which tokens have draft KV, in which slots, at which draft
+    positions, and who owns them (the layout is in draft_kv.py's docstring)."""
+
     row: torch.Tensor  # [max_context] the drafter's req_to_token row: prefix slots
     computed: int = 0  # tokens of fill_ids the draft has processed (KV made, maybe dropped)
     prefix_len: int = 0  # row[:prefix_len] resident, at true positions
@@ -75,8 +78,15 @@ class QueryRecorder(AttentionBackend):
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if self.rows is not None:
-            self._captured.append(q.reshape(-1, layer.num_heads, layer.head_dim)[self.rows].float())
+            q_rows = q.reshape(-1, layer.num_heads, layer.head_dim)[self.rows]
+            self._captured.append(q_rows.float())  # [n, heads, head_dim]
         return self.inner.forward(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def __getattr__(self, name: str):
+        # Anything else a backend offers (e.g. the triton backend's kernels) is the inner's.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def take(self) -> Optional[torch.Tensor]:
         """[n, layers, heads, head_dim] queries of the recorded rows, then forget them."""

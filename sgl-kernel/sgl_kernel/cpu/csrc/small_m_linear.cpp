@@ -37,7 +37,7 @@ inline float to_f32(bf16 v) {
 // Cache budgets (measured on Zen 3, 32 KiB L1d and 512 KiB L2 per core): fp32 elements of
 // one x tile's k-block, and bytes of one n-block of W.
 constexpr int64_t kXTileFloats = 4096;
-constexpr int64_t kWBlockBytes = 192 * 1024;
+constexpr int64_t kWBlockBytes = 96 * 1024;
 // Below this much work per thread (in FMAs, a weight counting as >= 4 since streaming it
 // costs about that), waking another thread costs more than it saves.
 constexpr int64_t kMinFmaPerThread = 1 << 18;

@@ -23,8 +23,8 @@ import torch
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.speculative.draft_kv import (DEFAULT_BUDGET, ChunkJob, DraftContext, DraftKV,
-                                             DraftKVConfig, Piece, QueryRecorder)
+from sglang.srt.speculative.draft_kv import DEFAULT_BUDGET, DraftKV, DraftKVConfig
+from sglang.srt.speculative.draft_kv_state import ChunkJob, DraftContext, Piece, QueryRecorder
 from sglang.srt.speculative.drafters.base import Drafter
 from sglang.srt.speculative.tree import DraftTree, select_best
 
