@@ -49,6 +49,9 @@ def bytes_per_step(config, dtype_bytes: int, ctx: int) -> Dict[str, int]:
     return {"weights": weights, "kv": kv}
 
 
+THREADS = {"n": None}
+
+
 def run_ours(path: str, contexts: List[int], n_new: int, dtype: str) -> Dict[int, Dict[str, float]]:
     import sglang
 
@@ -56,7 +59,8 @@ def run_ours(path: str, contexts: List[int], n_new: int, dtype: str) -> Dict[int
     max_ctx = max(contexts) + n_new + 16
     with sglang.Engine(model_path=path, dtype=dtype, disable_radix_cache=True,
                        context_length=max(max_ctx, 2048), max_total_tokens=max_ctx + 64,
-                       max_running_requests=4, chunked_prefill_size=4096) as engine:
+                       max_running_requests=4, chunked_prefill_size=4096,
+                       num_threads=THREADS["n"]) as engine:
         tok = engine.tokenizer_manager.tokenizer
         engine.generate(input_ids=prompt_ids(tok, 64), sampling_params={"max_new_tokens": 4})
         for ctx in contexts:
@@ -84,6 +88,8 @@ def run_hf(path: str, contexts: List[int], n_new: int, dtype: str) -> Dict[int, 
     from sglang.srt.model_loader.loader import load_tokenizer
 
     tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    if THREADS["n"]:
+        torch.set_num_threads(THREADS["n"])
     folder, name = os.path.split(path)
     t = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=tdtype).eval()
@@ -139,6 +145,9 @@ def run_vllm(python: str, path: str, contexts: List[int], n_new: int, dtype: str
         with open(ids_file, "w") as f:
             json.dump({str(c): prompt_ids(tokenizer, c) for c in contexts}, f)
         env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": "4"}
+        if THREADS["n"]:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(i) for i in range(THREADS["n"]))
+            env["OMP_NUM_THREADS"] = str(THREADS["n"])
         proc = subprocess.run([python, script, path, json.dumps(contexts), str(n_new), dtype, ids_file],
                               capture_output=True, text=True, env=env, timeout=3600)
         for line in proc.stdout.splitlines():
@@ -156,7 +165,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu installed")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for every engine (1 is fairer on a shared machine)")
     args = ap.parse_args()
+    THREADS["n"] = args.threads
     contexts = [int(c) for c in args.contexts.split(",")]
     bw = copy_bandwidth_gbs()
     info = machine_info()
@@ -164,6 +176,7 @@ def main() -> None:
     from sglang.srt.model_loader.loader import load_config, load_tokenizer
 
     results: Dict[str, Any] = {"machine": info, "bandwidth_gbs": bw, "dtype": args.dtype,
+                               "threads": args.threads,
                                "new_tokens": args.new_tokens, "prompt": "legal text (GDPR or Debian licences)",
                                "command": " ".join(sys.argv), "models": {}}
     paths = model_paths()

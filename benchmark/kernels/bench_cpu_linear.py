@@ -121,17 +121,19 @@ def print_table(label: str, k: int, n: int, rows: List[Dict[str, object]]) -> No
         print(f"{r['M']:>4} {cells}  {speed:14.1f}x  {r['ms']['ours_bf16'] / base:14.2f}")
 
 
-def _patch_linears(model: torch.nn.Module, on: bool) -> None:
-    """Route every nn.Linear of `model` through layers.linear.linear (on) or back to F.linear."""
+def _patch_linears(model: torch.nn.Module, impl: str) -> None:
+    """Route every nn.Linear (and subclass) of `model` through layers.linear.linear ("ours"),
+    torch's F.linear ("torch"), or back to the class's own forward ("reset")."""
     import types
 
     from sglang.srt.layers.linear import linear
 
+    fn = {"ours": linear, "torch": F.linear}.get(impl)
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear):
-            if on:
-                mod.forward = types.MethodType(lambda self, x: linear(x, self.weight, self.bias),
-                                               mod)
+            if fn is not None:
+                mod.forward = types.MethodType(
+                    lambda self, x, fn=fn: fn(x, self.weight, self.bias), mod)
             elif "forward" in mod.__dict__:
                 del mod.forward
 
@@ -155,12 +157,12 @@ def bench_e2e(reps: int, prefix: int = 500, ext: int = 8) -> Dict[str, object]:
     for rep in range(reps + 1):  # rep 0 warms both paths up
         for name, step in steps.items():
             for impl in ("torch", "ours"):
-                _patch_linears(runner.model, impl == "ours")
+                _patch_linears(runner.model, impl)
                 t = _CLOCK()
                 step()
                 if rep:
                     best[f"{name}/{impl}"] = min(best[f"{name}/{impl}"], (_CLOCK() - t) * 1e3)
-    _patch_linears(runner.model, False)
+    _patch_linears(runner.model, "reset")
     runner.release()
     print(f"\nSmolLM2-135M bf16, TinyRunner, {prefix}-token prefix (ms, min of {reps})")
     for name in steps:
