@@ -116,10 +116,10 @@ def run_hf(path: str, contexts: List[int], n_new: int, dtype: str) -> Dict[int, 
 VLLM_SCRIPT = r'''
 import json, sys, time
 if __name__ == "__main__":
-    path, contexts, n_new, dtype, ids_file = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    path, contexts, n_new, dtype, ids_file, tok_dir = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
     from vllm import LLM, SamplingParams
     prompts = json.load(open(ids_file))
-    llm = LLM(model=path, dtype=dtype, max_model_len=max(contexts) + n_new + 16, enforce_eager=False)
+    llm = LLM(model=path, tokenizer=tok_dir, dtype=dtype, max_model_len=max(contexts) + n_new + 16)
     sp1 = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     spn = SamplingParams(max_tokens=n_new, temperature=0, ignore_eos=True)
     out = {}
@@ -144,11 +144,14 @@ def run_vllm(python: str, path: str, contexts: List[int], n_new: int, dtype: str
             f.write(VLLM_SCRIPT)
         with open(ids_file, "w") as f:
             json.dump({str(c): prompt_ids(tokenizer, c) for c in contexts}, f)
+        tok_dir = os.path.join(d, "tokenizer")  # vLLM reads GGUF weights but wants an HF tokenizer
+        tokenizer.save_pretrained(tok_dir)
         env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": "4"}
         if THREADS["n"]:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(i) for i in range(THREADS["n"]))
             env["OMP_NUM_THREADS"] = str(THREADS["n"])
-        proc = subprocess.run([python, script, path, json.dumps(contexts), str(n_new), dtype, ids_file],
+        proc = subprocess.run([python, script, path, json.dumps(contexts), str(n_new), dtype, ids_file,
+                               tok_dir],
                               capture_output=True, text=True, env=env, timeout=3600)
         for line in proc.stdout.splitlines():
             if line.startswith("RESULT "):

@@ -164,10 +164,10 @@ def test_draft_memory_flat_from_1k_to_64k(tiny_long, policy):
     from sglang.srt.speculative.drafters.standalone import StandaloneDrafter
 
     args = ServerArgs(model_path=tiny_long, dtype="float32", speculative_draft_model_path=tiny_long,
-                      speculative_draft_kv_policy=policy, speculative_draft_kv_budget=2048,
-                      speculative_draft_kv_chunk_size=128, speculative_draft_max_position=8192,
+                      speculative_draft_kv_policy=policy, speculative_draft_kv_budget=1024,
+                      speculative_draft_kv_chunk_size=64, speculative_draft_max_position=4096,
                       **STANDALONE)
-    drafter = StandaloneDrafter(args, 1, 66000, 8192, num_steps=3, topk=1, chunk_size=2048)
+    drafter = StandaloneDrafter(args, 1, 66000, 4096, num_steps=3, topk=1, chunk_size=1024)
     alloc, fwd = drafter.allocator, drafter.runner.forward
     seen = {"peak": 0, "pos": 0, "view": 0}
 
@@ -181,7 +181,7 @@ def test_draft_memory_flat_from_1k_to_64k(tiny_long, policy):
     drafter.runner.forward = probe
     doc = document(65536, 5)
     req = FakeReq("a", [])
-    bound = 2048 + drafter.tree_slots
+    bound = 1024 + drafter.tree_slots
     peaks = []
     for length in (1024, 4096, 16384, 65536):
         seen["peak"] = 0
@@ -190,11 +190,11 @@ def test_draft_memory_flat_from_1k_to_64k(tiny_long, policy):
             tree = drafter.propose([req], [4])[0]
             req.fill_ids = req.fill_ids + [tree.tokens[1], 7]
         peaks.append(seen["peak"])
-        assert drafter.resident(req) <= 2048
+        assert drafter.resident(req) <= 1024
     assert max(peaks) <= bound  # the same bound at 1K and at 64K: flat in context length
-    assert seen["view"] <= bound and seen["pos"] < 8192
+    assert seen["view"] <= bound and seen["pos"] < 4096
     if policy == "retrieval":  # every chunk of the document was summarized on the way
-        assert drafter.contexts["a"].num_summaries == len(req.fill_ids) // 128
+        assert drafter.contexts["a"].num_summaries == len(req.fill_ids) // 64
     sinks = drafter.release(req, keep=len(req.fill_ids))
     assert len(sinks) == 4  # only the sinks are a prefix the radix cache could take
     drafter.allocator.free(sinks)  # (here: no cache; the caller owns them now)
@@ -301,3 +301,38 @@ def test_position_range_checked_at_load(tiny_long):
         make_scheduler(tiny_long, speculative_draft_model_path=tiny_long, **STANDALONE,
                        speculative_draft_kv_policy="streaming", speculative_draft_kv_budget=64,
                        speculative_draft_max_position=100)
+
+
+def test_retrieval_picks_chunks_matching_the_query():
+    """Chunks are scored by query . mean key; the chosen ones enter the view at their true
+    positions before any rebase, and packed after the sinks (document order) after one."""
+    from sglang.srt.mem_cache.memory_pool import KVPool, TokenSlotAllocator
+    from sglang.srt.speculative.draft_kv import DraftKV, DraftKVConfig
+    from sglang.srt.speculative.draft_kv_state import DraftContext
+
+    cfg = DraftKVConfig("retrieval", budget=28, sink=4, chunk_size=4, refresh_interval=4,
+                        max_position=1024, tree_depth=3, piece=6)
+    assert cfg.num_chunks == 3 and cfg.window == 12  # half of what the sinks leave: chunks
+    alloc = TokenSlotAllocator(256)
+    kv = DraftKV(cfg, alloc, KVPool(256, 1, 1, 4, torch.float32), 1, summary_capacity=64)
+    ctx = DraftContext(torch.zeros(512, dtype=torch.int64))
+    ctx.split, ctx.prefix_len, ctx.computed, ctx.window_start = True, 4, 200, 160
+    ctx.row[:4] = alloc.alloc(4)
+    keys = torch.zeros(40, 1, 1, 4)
+    for j, axis in ((7, 0), (12, 0), (30, 0), (20, 1)):
+        keys[j, 0, 0, axis] = 1.0  # chunks 7, 12, 30 point along the query; 20 elsewhere
+    for j in range(40):
+        kv._add_summary(ctx, keys[j])
+    ctx.query = torch.tensor([[[2.0, 0.0, 0.0, 0.0]]])  # [layers, kv_heads, head_dim]
+    tokens = list(range(200))
+    jobs = kv.select_chunks(ctx, tokens)
+    assert [j.chunk for j in jobs] == [7, 12, 30]
+    assert [int(j.positions[0]) for j in jobs] == [28, 48, 120]  # true positions
+    assert jobs[0].tokens == tokens[28:32]
+    assert len(kv.view(ctx)) == 4 + 12
+    ctx.base = 100  # after a rebase: chunks packed right after the sinks, same choice
+    jobs = kv.select_chunks(ctx, tokens)
+    assert [int(j.positions[0]) for j in jobs] == [4, 8, 12]
+    kv.release(ctx, keep=4)
+    alloc.free(ctx.row[:4].clone())
+    assert alloc.available_size() == alloc.size
