@@ -19,7 +19,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(_ROOT, "benchmark"))
+sys.path.insert(0, os.path.join(_ROOT, "python"))
 from common import RESULTS, machine_info, plot_bars, prompt_ids, save  # noqa: E402
 
 
