@@ -112,18 +112,19 @@ class MoEExperts(nn.Module):
     def _forward_with_store(self, hidden: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
         store, layer = self.store, self.layer_id
         needed = torch.unique(ids).tolist()
-        resident = set(store.resident(layer))
-        needed.sort(key=lambda e: e not in resident)  # hits first: they cost no wait
         n = store.num_slots
+        if len(needed) > n:
+            resident = set(store.resident(layer))
+            needed.sort(key=lambda e: e not in resident)  # hits first: they cost no wait
         waves = [needed[i : i + n] for i in range(0, len(needed), n)]
         for w, wave in enumerate(waves):
             lease = store.acquire(layer, wave)
             try:
                 if w + 1 < len(waves):  # start the next wave's loads where slots are free
                     store.prefetch(layer, waves[w + 1])
-                lut = torch.full((self.num_experts,), -1, dtype=torch.int64, device=ids.device)
-                for e, slot in lease.slot_of.items():
-                    lut[e] = slot
+                lut = torch.full((self.num_experts,), -1, dtype=torch.int64)
+                lut[list(lease.slot_of)] = torch.tensor(list(lease.slot_of.values()))
+                lut = lut.to(ids.device)
                 w13, w2 = store.weights(layer)
                 experts_forward_into(hidden, w13, w2, lut[ids], out)
             finally:
