@@ -4,8 +4,9 @@ The slow tier is the memory-mapped checkpoint with its pages dropped after every
 (`--moe-expert-drop-page-cache`), so a miss is a real disk read. Beside each setting: the
 expert store's hit rate, loads, bytes and stall time, and transformers on the same model
 (all experts in RAM). Batch 1, greedy, a legal-text prompt; two warm-up decode steps, then
-decode rate = (N - 1) / time of N - 1 steps. The no-store setting runs first and last, to
-show how much the machine drifted. Same run, same machine: compare ratios only.
+decode rate = (N - 1) / time of N - 1 steps. Settings run round-robin `--repeats` times and
+the best run of each counts (all are kept in the JSON); the no-store setting runs first and
+last in each round. Same run, same machine: compare ratios only.
 
     python benchmark/moe_offload/bench_moe.py --model smollm2-upcycled-8x-perturbed
 """
@@ -82,7 +83,10 @@ def _pools(model, config, ctx: int) -> Dict[str, Any]:
 def decode_hf(path: str, prompt: List[int], n_new: int, dtype: str) -> Dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    # "eager" experts: transformers' default grouped_mm needs expert widths whose rows are a
+    # multiple of 16 bytes on CPU, which MoEfied experts (e.g. 420 wide) are not.
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                 experts_implementation="eager").eval()
     ids = torch.tensor([prompt])
     with torch.inference_mode():
         out = model(ids, use_cache=True)
@@ -108,6 +112,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3, help="round-robin runs; the best counts")
     args = ap.parse_args()
     from transformers import AutoConfig, AutoTokenizer
 
@@ -121,14 +126,23 @@ def main() -> None:
     for share in (1.0, 0.5, 0.25):
         settings[f"{int(share * 100)}% resident"] = (max(1, int(experts * share)), True)
     settings["in RAM again"] = (None, False)  # how much the machine drifted over the run
-    results: Dict[str, Any] = {}
-    for label, (slots, drop) in settings.items():
-        results[label] = decode_ours(path, prompt, args.new_tokens, args.dtype, slots, drop)
-        results[label]["slots"] = slots
-        print(label, {k: v for k, v in results[label].items() if k != "tokens"}, flush=True)
     if not args.no_hf:
-        results["transformers"] = decode_hf(path, prompt, args.new_tokens, args.dtype)
-        print("transformers", results["transformers"]["tok_s"], flush=True)
+        settings["transformers"] = (None, False)
+    # Round-robin repeats, best of each: the machine is shared and noisy, and the best run is
+    # the one least disturbed by others.
+    results: Dict[str, Any] = {}
+    for rep in range(args.repeats):
+        for label, (slots, drop) in settings.items():
+            if label == "transformers":
+                run = decode_hf(path, prompt, args.new_tokens, args.dtype)
+            else:
+                run = decode_ours(path, prompt, args.new_tokens, args.dtype, slots, drop)
+                run["slots"] = slots
+            runs = results.get(label, {}).get("all_tok_s", []) + [run["tok_s"]]
+            if label not in results or run["tok_s"] > results[label]["tok_s"]:
+                results[label] = run
+            results[label]["all_tok_s"] = runs
+            print(rep, label, {k: v for k, v in run.items() if k != "tokens"}, flush=True)
     base = results["in RAM"]["tokens"]
     payload = {"model": args.model, "experts_per_layer": experts, "top_k": config.num_experts_per_tok,
                "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,

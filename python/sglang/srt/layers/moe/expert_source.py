@@ -34,6 +34,26 @@ class ExpertSource(Protocol):
         the bytes read from the slow tier."""
 
 
+_SERIAL_CHUNK = 16384  # elements: below ATen's grain size, so a copy_ stays single-threaded
+
+
+def copy_serial(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) (dtype converts) without ATen's OpenMP parallelism.
+
+    Loads run on the store's background thread; a torch op that opens an OpenMP parallel
+    region there leaves that thread its own OpenMP team, which then competes with the
+    forward's threads for the cores: measured on 2 cores, the model decoded at half speed
+    for as long as the process lived. A plain memmove (same dtype, CPU) or copies in chunks
+    below the grain size (conversion) never open a region."""
+    if src.dtype == dst.dtype and src.is_contiguous() and dst.is_contiguous() \
+            and src.device.type == dst.device.type == "cpu":
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+        return
+    d, s = dst.view(-1), src.reshape(-1)
+    for i in range(0, d.numel(), _SERIAL_CHUNK):
+        d[i : i + _SERIAL_CHUNK].copy_(s[i : i + _SERIAL_CHUNK])
+
+
 def _safetensors_offsets(path: str) -> Dict[str, Tuple[int, int]]:
     """name -> (start, end) byte range in the file (the format: u64 header length, JSON)."""
     with open(path, "rb") as f:
@@ -89,7 +109,7 @@ class SafetensorsExpertSource:
                 self._madvise(src.data_ptr(), src.numel() * src.element_size(), _MADV_WILLNEED)
             if tuple(src.shape) != tuple(dst.shape):
                 raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != slot {tuple(dst.shape)}")
-            dst.copy_(src)  # page faults read the file here; dtype converts if needed
+            copy_serial(dst, src)  # page faults read the file here
             total += src.numel() * src.element_size()
             if self.drop_page_cache:
                 self._drop(name, src)
