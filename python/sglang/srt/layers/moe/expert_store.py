@@ -193,29 +193,25 @@ class ExpertStore:
             for e in ids:  # pin what is there first, so the misses below cannot evict it
                 self._check_id(lay, e)
                 if e in lay.where:
-                    j = lay.where[e]
-                    slot = lay.slots[j]
-                    slot.pins += 1
-                    if slot.state == RESIDENT:
-                        lay.stats.hits += 1
-                    else:
-                        lay.stats.late += 1
-                        if not slot.started:  # still queued behind other prefetches: do it now
-                            slot.started = True
-                            demand.append((layer, j, e))
-                    slot_of[e] = j
+                    self._pin_mapped(lay, layer, e, slot_of, demand)
             for e in ids:
                 if e in slot_of:
                     continue
-                lay.stats.misses += 1
-                missed.add(e)
                 j = self._victim(lay)
-                while j is None:  # every slot pinned or loading: a load finishing frees one
+                while j is None and e not in lay.where:
+                    # every slot pinned or loading: a load finishing frees one
                     if self._error is not None:
                         raise RuntimeError("a background expert load failed") from self._error
                     waited = True
                     self._cond.wait()
                     j = self._victim(lay)
+                if e in lay.where:
+                    # a prefetch mapped it while we waited: share that slot, never map an
+                    # expert to two slots
+                    self._pin_mapped(lay, layer, e, slot_of, demand)
+                    continue
+                lay.stats.misses += 1
+                missed.add(e)
                 self._claim(lay, j, e)
                 lay.slots[j].pins += 1
                 lay.slots[j].started = True
@@ -280,6 +276,22 @@ class ExpertStore:
             if s.state == RESIDENT and s.pins == 0 and (best_use is None or s.last_use < best_use):
                 best, best_use = j, s.last_use
         return best
+
+    @staticmethod
+    def _pin_mapped(lay: _Layer, layer: int, e: int, slot_of: Dict[int, int],
+                    demand: List[tuple]) -> None:
+        """Pin the slot `e` is mapped to; take over its load if no thread started it."""
+        j = lay.where[e]
+        slot = lay.slots[j]
+        slot.pins += 1
+        if slot.state == RESIDENT:
+            lay.stats.hits += 1
+        else:
+            lay.stats.late += 1
+            if not slot.started:  # still queued behind other prefetches: do it now
+                slot.started = True
+                demand.append((layer, j, e))
+        slot_of[e] = j
 
     def _claim(self, lay: _Layer, j: int, e: int) -> None:
         slot = lay.slots[j]
