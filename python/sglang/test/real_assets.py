@@ -87,8 +87,11 @@ def legal_docs() -> List[str]:
 
 
 def legal_doc(name: str) -> Optional[str]:
-    """Path of document `name` (e.g. "gdpr", "ai_act", "dora"), or None if not fetched."""
-    return _existing(os.path.join(legal_dir(), _doc_name(name) + ".txt"))
+    """Path of document `name` (e.g. "gdpr", "ai_act", "common_Apache-2.0"), or None if not
+    fetched. The name as written wins (licence files keep their case on disk)."""
+    stem = name[:-4] if name.lower().endswith(".txt") else name
+    return (_existing(os.path.join(legal_dir(), stem + ".txt"))
+            or _existing(os.path.join(legal_dir(), _doc_name(name) + ".txt")))
 
 
 def default_tokenizer():

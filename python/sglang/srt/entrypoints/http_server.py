@@ -24,6 +24,7 @@ from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_base import (ClientDisconnected, SafeJSONResponse,
                                                         error_object, json_bytes,
                                                         until_disconnect)
+from sglang.srt.managers.expert_record_handler import PATHS, register_expert_record_routes
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import (HEALTH_CHECK_PREFIX, RequestRefused,
                                                    raise_if_refused)
@@ -32,7 +33,7 @@ from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
 
-_ADMIN_PATHS = ("/flush_cache",)
+_ADMIN_PATHS = ("/flush_cache", *PATHS.values())
 
 
 class AppState:
@@ -226,6 +227,9 @@ async def flush_cache():
                                  "(When there are running or waiting requests, the operation "
                                  "will not be performed.)\n")
     return PlainTextResponse(out.message, status_code=400)
+
+
+register_expert_record_routes(app, lambda action: state.tokenizer_manager.expert_distribution(action))
 
 
 @app.post("/abort_request")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional
 
+from sglang.srt.managers.expert_record_handler import (  # noqa: F401  (re-exported)
+    ExpertDistributionReq, ExpertDistributionReqOutput)
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 

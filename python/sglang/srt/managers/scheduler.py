@@ -23,6 +23,7 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import order_waiting
 from sglang.srt.mem_cache.base_prefix_cache import create_prefix_cache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.mla_pool import kv_bytes_per_token
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
@@ -421,9 +422,7 @@ class Scheduler:
         """Speculative figures for /server_info (avg_spec_accept_length as upstream)."""
         if self.spec is None:
             return {"avg_spec_accept_length": None}
-        per_token = self.runner.kv_pool.bytes_per_token(
-            self.runner.num_layers, self.runner.num_kv_heads, self.runner.head_dim,
-            self.runner.kv_dtype)
+        per_token = kv_bytes_per_token(self.runner.config, self.runner.kv_dtype)
         return {
             "avg_spec_accept_length": self.spec.avg_accept_length(),
             "speculative_num_steps": self.spec.num_steps,
@@ -444,6 +443,9 @@ class Scheduler:
         if self.spec is not None:
             self.spec.check_all_free()
             assert not self.spec.controllers, "speculation state left for finished requests"
+        store = getattr(self.runner.model, "expert_store", None)
+        if store is not None:  # MoE experts served from a slow tier: nothing pinned or loading
+            store.check_idle()
 
 
 def _eos_ids(config, tokenizer) -> set:

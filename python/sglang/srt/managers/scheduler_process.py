@@ -14,7 +14,9 @@ import os
 import pickle
 import traceback
 
-from sglang.srt.managers.io_struct import (AbortReq, BatchTokenIDOut, FlushCacheOutput,
+from sglang.srt.managers.expert_record_handler import handle_expert_distribution_req
+from sglang.srt.managers.io_struct import (AbortReq, BatchTokenIDOut, ExpertDistributionReq,
+                                           FlushCacheOutput,
                                            FlushCacheReq, GetInternalStateOutput,
                                            GetInternalStateReq, ReqUpdate,
                                            TokenizedGenerateReqInput)
@@ -104,6 +106,8 @@ def handle_message(scheduler, msg):
         return FlushCacheOutput(ok, "" if ok else "Cannot flush the cache while requests are running or waiting.")
     if isinstance(msg, GetInternalStateReq):
         return GetInternalStateOutput(scheduler_info(scheduler))
+    if isinstance(msg, ExpertDistributionReq):
+        return handle_expert_distribution_req(msg)
     logger.warning("Unknown message %r", type(msg))
     return None
 

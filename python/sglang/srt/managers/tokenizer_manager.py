@@ -20,7 +20,9 @@ import zmq
 import zmq.asyncio
 
 from sglang.srt.managers.bos_guard import encode_with_bos_guard, guard_bos, tokenizer_adds_bos
-from sglang.srt.managers.io_struct import (AbortReq, BatchStrOut, FlushCacheOutput, FlushCacheReq,
+from sglang.srt.managers.io_struct import (AbortReq, BatchStrOut, ExpertDistributionReq,
+                                           ExpertDistributionReqOutput, FlushCacheOutput,
+                                           FlushCacheReq,
                                            GenerateReqInput, GetInternalStateOutput,
                                            GetInternalStateReq, ReqStrUpdate, SingleReq,
                                            TokenizedGenerateReqInput)
@@ -101,7 +103,8 @@ class TokenizerManager:
                     state = self.rid_to_state.get(upd.update.rid)
                     if state is not None:
                         state.queue.put_nowait(upd)
-            elif isinstance(msg, (FlushCacheOutput, GetInternalStateOutput)):
+            elif isinstance(msg, (FlushCacheOutput, GetInternalStateOutput,
+                                  ExpertDistributionReqOutput)):
                 if self._control_future is not None and not self._control_future.done():
                     self._control_future.set_result(msg)
 
@@ -378,6 +381,10 @@ class TokenizerManager:
 
     async def flush_cache(self) -> FlushCacheOutput:
         return await self._control(FlushCacheReq())
+
+    async def expert_distribution(self, action: str) -> ExpertDistributionReqOutput:
+        """start / stop / dump the expert distribution recorder in the scheduler."""
+        return await self._control(ExpertDistributionReq(action))
 
     async def get_internal_state(self) -> Dict[str, Any]:
         out = await self._control(GetInternalStateReq())

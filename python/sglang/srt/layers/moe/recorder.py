@@ -101,7 +101,9 @@ class ExpertDistributionRecorder:
 
 
 def default_dump_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), "sglang_expert_distribution")
+    """Upstream's SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR, else a folder in the temp dir."""
+    return (os.environ.get("SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR")
+            or os.path.join(tempfile.gettempdir(), "sglang_expert_distribution"))
 
 
 _RECORDER = ExpertDistributionRecorder()
