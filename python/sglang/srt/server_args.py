@@ -93,6 +93,10 @@ class ServerArgs:
     # the rest are read on demand from the memory-mapped safetensors checkpoint.
     moe_expert_cache_slots: Optional[int] = None
     moe_expert_drop_page_cache: bool = False  # drop expert pages after loads (real disk reads)
+    # Expert prefetch (layers/moe/prefetch.py): none | reuse | layer_ahead | draft | ensemble,
+    # and how many experts beyond top-k per token a router-based predictor fetches.
+    moe_prefetch_predictor: str = "none"
+    moe_prefetch_width: int = 0
     tp_size: int = 1
     num_threads: Optional[int] = None
 
@@ -145,6 +149,7 @@ class ServerArgs:
         choices = {
             "dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
             "schedule_policy": ("fcfs", "lpm"),
+            "moe_prefetch_predictor": ("none", "reuse", "layer_ahead", "draft", "ensemble"),
             "attention_backend": ("torch_native", "triton", "flashinfer"),
             "log_level": ("debug", "info", "warning", "error", "critical"),
             "sampling_defaults": ("model", "openai"),
@@ -184,6 +189,11 @@ class ServerArgs:
                              "in the fast tier), or left unset to keep every expert resident")
         if self.moe_expert_drop_page_cache and self.moe_expert_cache_slots is None:
             raise ValueError("--moe-expert-drop-page-cache needs --moe-expert-cache-slots")
+        if self.moe_prefetch_predictor != "none" and self.moe_expert_cache_slots is None:
+            raise ValueError("--moe-prefetch-predictor needs --moe-expert-cache-slots (with every "
+                             "expert resident there is nothing to prefetch)")
+        if self.moe_prefetch_width < 0:
+            raise ValueError(f"--moe-prefetch-width must be >= 0, got {self.moe_prefetch_width}")
 
     def _check_draft_kv(self) -> None:
         """Long-context drafting flags; checks that need the draft's config run at load

@@ -54,6 +54,11 @@ class Scheduler:
         self.server_args = server_args
         self.max_running = server_args.max_running_requests or 64
         self.runner = runner or ModelRunner(server_args, max_running_requests=self.max_running)
+        if getattr(self.runner.model, "expert_store", None) is not None:
+            from sglang.srt.layers.moe.recorder import get_expert_recorder
+
+            # expert distribution dumps carry the target's store and prefetch figures
+            get_expert_recorder().extras["moe"] = self.moe_state
         self.context_len = self.runner.context_len
         self.allocator = self.runner.allocator
         chunk = server_args.chunked_prefill_size
@@ -170,12 +175,17 @@ class Scheduler:
             if self.waiting:
                 time.sleep(0.002)  # only grammars compiling: do not spin
             return rejected
+        prefetcher = self.prefetcher
+        if prefetcher is not None and plan.reqs:  # loads run while the draft proposes
+            prefetcher.begin_step(self._step_context(plan))
         if self.spec is not None:
             plan.trees = self.spec.propose([r for r, n in zip(plan.reqs, plan.num_tokens) if n == 1])
             plan.num_tokens = [len(plan.trees[id(r)]) if id(r) in plan.trees else n
                                for r, n in zip(plan.reqs, plan.num_tokens)]
         updates = rejected + self._allocate(plan)
         if plan.reqs:
+            if prefetcher is not None:  # the pass's own tokens, draft nodes included
+                prefetcher.before_verify(self._step_context(plan))
             fb, rows = self._build_batch(plan)
             logits = self.runner.forward(fb)
             self._postprocess(plan, logits, rows)
@@ -192,7 +202,26 @@ class Scheduler:
         if self.spec is not None:
             for req in finished:
                 self.spec.forget(req)
+        if prefetcher is not None:
+            for req in finished:
+                prefetcher.forget(req.rid)
         return updates
+
+    @property
+    def prefetcher(self):
+        """The target's ExpertPrefetcher (--moe-prefetch-predictor), or None."""
+        return getattr(self.runner.model, "expert_prefetcher", None)
+
+    def _step_context(self, plan: StepPlan):
+        from sglang.srt.layers.moe.prefetch import StepContext
+
+        tokens, is_tree = [], []
+        for req, n in zip(plan.reqs, plan.num_tokens):
+            tree = plan.trees.get(id(req)) if plan.trees else None
+            tokens.append(list(tree.tokens) if tree is not None
+                          else req.fill_ids[req.kv_len : req.kv_len + n])
+            is_tree.append(tree is not None)
+        return StepContext([r.rid for r in plan.reqs], tokens, is_tree)
 
     def _admit(self) -> None:
         if not self.waiting:
@@ -431,6 +460,16 @@ class Scheduler:
             # A verify step adds KV for its tree only: tree tokens x layers x KV per token.
             "spec_verify_kv_bytes_per_request": self.spec.max_tree_nodes * per_token,
         }
+
+    def moe_state(self) -> Dict[str, object]:
+        """Expert store and prefetch figures for /server_info and /metrics (MoE + store)."""
+        store = getattr(self.runner.model, "expert_store", None)
+        if store is None:
+            return {}
+        out: Dict[str, object] = {"moe_expert_store": store.stats().to_dict()}
+        if self.prefetcher is not None:
+            out["moe_prefetch"] = self.prefetcher.figures()
+        return out
 
     def check_all_free(self) -> None:
         """Invariant for tests: idle + flushed => every slot and row is free."""

@@ -142,4 +142,5 @@ def scheduler_info(scheduler) -> dict:
         "model_type": getattr(cfg, "model_type", None),
         "architectures": getattr(cfg, "architectures", None),
         **scheduler.spec_state(),
+        **scheduler.moe_state(),
     }

@@ -18,6 +18,16 @@ _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05,
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                 50.0, 60.0, 90.0, 120.0, 300.0, 600.0, 1200.0)
 
+_MOE_GAUGES = {
+    "expert_hit_rate": "Expert uses that found the expert resident.",
+    "expert_stall_seconds": "Time layers waited for expert loads.",
+    "expert_bytes_loaded": "Bytes of experts loaded into the fast tier.",
+    "prefetch_recall": "Needed experts resident when their layer ran.",
+    "prefetch_precision": "Prefetched experts that the layer then used.",
+    "prefetch_bytes_fetched": "Bytes of experts the prefetcher fetched.",
+    "prefetch_bytes_fetched_used": "Bytes of prefetched experts that were used.",
+}
+
 # Generation throughput is averaged over this many recent seconds.
 _THROUGHPUT_WINDOW_S = 10.0
 
@@ -68,6 +78,11 @@ class TokenizerMetrics:
         self.spec_accept_length = gauge("sglang:spec_accept_length",
                                         "Average tokens per decode step (speculation).")
         self.spec_accept_rate = gauge("sglang:spec_accept_rate", "Accepted / drafted tokens.")
+        # MoE expert store and prefetch (present with --moe-expert-cache-slots), per layer
+        # ("all" = every MoE layer together) and labelled with the predictor in use.
+        moe_labels = ["model_name", "layer", "predictor"]
+        self._moe = {key: pc.Gauge(f"sglang:moe_{key}", doc, moe_labels, registry=reg)
+                     for key, doc in _MOE_GAUGES.items()}
         self._func_latency = pc.Histogram("sglang:func_latency_seconds", "Latency of HTTP handlers.",
                                           ["name"], buckets=_E2E_BUCKETS, registry=reg)
         self._recent: Deque[Tuple[float, int]] = collections.deque()  # (time, new tokens)
@@ -130,6 +145,26 @@ class TokenizerMetrics:
         self.gen_throughput.set(self.throughput())
         if scheduler_state.get("avg_spec_accept_length") is not None:
             self.spec_accept_length.set(scheduler_state["avg_spec_accept_length"])
+        self._refresh_moe(scheduler_state)
+
+    def _refresh_moe(self, state: Dict[str, Any]) -> None:
+        store = state.get("moe_expert_store")
+        if not store:
+            return
+        prefetch = state.get("moe_prefetch") or {}
+        predictor = prefetch.get("predictor", "none")
+        layers = {"all": (store["total"], prefetch.get("total", {}))}
+        for key, figs in store["layers"].items():
+            layers[key] = (figs, prefetch.get("layers", {}).get(key, {}))
+        for layer, (s, p) in layers.items():
+            values = {"expert_hit_rate": s["hit_rate"], "expert_stall_seconds": s["stall_seconds"],
+                      "expert_bytes_loaded": s["bytes_loaded"],
+                      "prefetch_recall": p.get("recall"), "prefetch_precision": p.get("precision"),
+                      "prefetch_bytes_fetched": p.get("bytes_fetched"),
+                      "prefetch_bytes_fetched_used": p.get("bytes_fetched_used")}
+            for key, value in values.items():
+                if value is not None:
+                    self._moe[key].labels(self.model_name, layer, predictor).set(value)
 
     def throughput(self) -> float:
         """Generated tokens per second over the last few seconds."""

@@ -74,7 +74,8 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
                device: str = "cpu", moe_expert_cache_slots: Optional[int] = None,
-               moe_expert_drop_page_cache: bool = False) -> Tuple[nn.Module, PretrainedConfig]:
+               moe_expert_drop_page_cache: bool = False, moe_prefetch_predictor: str = "none",
+               moe_prefetch_width: int = 0) -> Tuple[nn.Module, PretrainedConfig]:
     """(model in eval mode without grads, its config) from an HF folder or a .gguf file.
 
     `moe_expert_cache_slots`: MoE models keep that many experts per layer in memory and
@@ -83,6 +84,8 @@ def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
     config = gguf_config(gguf_file) if gguf_file is not None else load_config(model_path)
     if moe_expert_cache_slots is not None:
         config.moe_expert_cache_slots = moe_expert_cache_slots  # read by MoE model constructors
+        config.moe_prefetch_predictor = moe_prefetch_predictor  # read by attach_expert_store
+        config.moe_prefetch_width = moe_prefetch_width
     torch_dtype = resolve_dtype(dtype, config, gguf_file is not None, device)
     model_class = get_model_class(getattr(config, "architectures", None) or [])
     with torch.device("meta"), _default_dtype(torch_dtype):

@@ -27,6 +27,7 @@ from sglang.srt.layers.rotary_embedding import RotaryEmbedding, rope_parameters_
 from sglang.srt.models.llama import LlamaAttention, LlamaMLP, _copy, head_dim_of
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.moe.prefetch import ExpertPrefetcher
     from sglang.srt.layers.moe.expert_store import ExpertStore
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
@@ -43,6 +44,8 @@ class MoEDecoderLayer(nn.Module):
         setattr(self, mlp_name, mlp)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layer_id = -1  # set by MoECausalLM
+        self.prefetcher: Optional["ExpertPrefetcher"] = None  # --moe-prefetch-predictor
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor], cos_sin,
                 fb: "ForwardBatch") -> Tuple[torch.Tensor, torch.Tensor]:
@@ -54,6 +57,8 @@ class MoEDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(hidden, cos_sin, fb)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
+        if self.prefetcher is not None:  # layer-ahead predictions start loading now
+            self.prefetcher.on_moe_input(self.layer_id, hidden, residual)
         return getattr(self, self.mlp_name)(hidden), residual
 
 
@@ -84,12 +89,15 @@ class MoECausalLM(nn.Module):
         self.num_slots: Optional[int] = getattr(config, "moe_expert_cache_slots", None)
         layers = [MoEDecoderLayer(config, self.make_attention(config, i), self.make_mlp(config, i),
                                   self.mlp_name) for i in range(config.num_hidden_layers)]
+        for i, layer in enumerate(layers):
+            layer.layer_id = i
         self.model = MoEModel(config, layers, self.make_rotary(config))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.expert_store: Optional["ExpertStore"] = None
+        self.expert_prefetcher: Optional["ExpertPrefetcher"] = None
 
     # ---- what subclasses define ------------------------------------------------------------
 
@@ -238,4 +246,28 @@ class MoECausalLM(nn.Module):
             store.wait_loads()
             store.reset_stats()
         self.expert_store = store
+        self.expert_prefetcher = None
+        predictor = getattr(self.config, "moe_prefetch_predictor", None) or "none"
+        if predictor != "none":
+            self.attach_prefetcher(predictor, getattr(self.config, "moe_prefetch_width", 0))
         return store
+
+    def attach_prefetcher(self, name: str, width: int = 0) -> "ExpertPrefetcher":
+        """Hook predictor `name` into every decoder layer (see layers/moe/prefetch.py)."""
+        from sglang.srt.layers.moe.prefetch import ExpertPrefetcher, RouterView, build_predictor
+
+        assert self.expert_store is not None, "a prefetcher needs the expert store"
+        blocks = {i: b for i, b in self.moe_blocks().items() if b.experts.store_backed}
+        views = {i: RouterView(i, self.model.layers[i].post_attention_layernorm, b.gate,
+                               b.gate.cfg.top_k) for i, b in blocks.items()}
+        first = next(iter(blocks.values())).experts
+        expert_bytes = (first.w13[0].numel() + first.w2[0].numel()) * first.w13.element_size()
+        predictor = build_predictor(name, views, self.model.embed_tokens, width,
+                                    self.expert_store.num_slots)
+        pf = ExpertPrefetcher(self.expert_store, predictor, expert_bytes)
+        for layer in self.model.layers:
+            layer.prefetcher = pf
+        for b in blocks.values():
+            b.prefetcher = pf
+        self.expert_prefetcher = pf
+        return pf

@@ -157,7 +157,11 @@ class ExpertStore:
         """Start asynchronous loads of the experts of `layer` that are not resident, into
         free or least recently used unpinned slots; never waits and never evicts a pinned or
         loading slot (a request that finds no such slot is dropped). Returns loads queued."""
-        queued = 0
+        return len(self.prefetch_experts(layer, expert_ids))
+
+    def prefetch_experts(self, layer: int, expert_ids: Iterable[int]) -> List[int]:
+        """`prefetch`, returning the experts whose loads were queued."""
+        queued: List[int] = []
         with self._cond:
             lay = self._layers[layer]
             for e in dict.fromkeys(int(x) for x in expert_ids):
@@ -170,7 +174,7 @@ class ExpertStore:
                     break
                 self._claim(lay, j, e)
                 self._queue.put((layer, j, e))
-                queued += 1
+                queued.append(e)
         return queued
 
     def wait_loads(self) -> None:

@@ -153,10 +153,13 @@ class SparseMoeBlock(nn.Module):
             setattr(self, shared_name, LlamaMLP(hidden_size, shared_intermediate_size))
         self.shared_expert_gate = (nn.Linear(hidden_size, 1, bias=False)
                                    if shared_gate and self.shared_name else None)
+        self.prefetcher = None  # ExpertPrefetcher: told what the router chose (figures)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         routing = self.gate(hidden)
         get_expert_recorder().record(self.layer_id, routing.topk_ids, self.experts.num_experts)
+        if self.prefetcher is not None:
+            self.prefetcher.on_routed(self.layer_id, routing.topk_ids)
         out = self.experts(hidden, routing)
         if self.shared_name:
             shared = getattr(self, self.shared_name)(hidden)

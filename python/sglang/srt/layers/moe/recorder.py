@@ -33,6 +33,9 @@ class ExpertDistributionRecorder:
         self._num_layers = 0
         self._num_experts = 0
         self._top_k = 0
+        # name -> callable whose result the dump carries (the scheduler adds the expert
+        # store's and the prefetcher's figures for the target model)
+        self.extras: Dict[str, Any] = {}
 
     # ---- control (scheduler side) ----------------------------------------------------------
 
@@ -88,7 +91,8 @@ class ExpertDistributionRecorder:
             for layer, ids in step["topk_ids"].items():
                 counts[layer] += torch.bincount(ids.reshape(-1).long(), minlength=counts.shape[1])
         return {"version": 1, "num_layers": num_layers, "num_experts": num_experts,
-                "top_k": top_k, "steps": steps, "counts": counts}
+                "top_k": top_k, "steps": steps, "counts": counts,
+                **{name: fn() for name, fn in list(self.extras.items())}}
 
     def dump(self, out_dir: Optional[str] = None) -> str:
         """Write the records to `out_dir` (default: `default_dump_dir()`); returns the file's

@@ -1,0 +1,375 @@
+"""Draft-guided expert prefetch: predict the experts the next forward will route to and load
+them through the ExpertStore before the layer asks for them.
+
+One step of the scheduler, and when each predictor speaks:
+
+    begin_step(ctx: the requests' last tokens)  -> `reuse` issues its loads; they run on the
+                                                   store's loader thread while the draft proposes
+    drafter proposes trees
+    before_verify(ctx: the tokens of the pass)  -> `draft` issues its loads (layer order, so
+                                                   later layers load while early ones compute)
+    verify forward, for each MoE layer L:
+        on_moe_input(L, normed, residual)        -> `layer_ahead` routes L's state through the
+                                                   next MoE layer's router and issues its loads
+        on_routed(L, topk_ids)                   -> figures: was what L needs resident in time?
+
+Predictors only choose experts; the store decides slots and never evicts a pinned (running)
+or loading expert, so a wrong or late prediction costs time, never correctness: the forward's
+numerics do not depend on residency (see experts.py).
+
+Figures (per layer, `PrefetchStats`): recall = needed experts resident when the layer ran /
+needed; precision = prefetched experts the layer then used / prefetched; over-fetch =
+prefetched / prefetched-and-used; bytes fetched vs used. The store adds hits, loads and
+stall time (`ExpertStore.stats`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.moe.expert_store import ExpertStore
+
+PREDICTORS = ("none", "reuse", "layer_ahead", "draft", "ensemble")
+
+
+# ---------------------------------------------------------------------------- messages
+
+
+@dataclasses.dataclass
+class StepContext:
+    """The requests of one forward and the tokens each feeds it, in batch order."""
+
+    rids: List[str]
+    tokens: List[List[int]]  # per request: its rows' token ids (root + draft nodes for a tree)
+    is_tree: List[bool]  # the request's rows are a draft tree (row 0 = its last token)
+
+
+@dataclasses.dataclass
+class LayerFigures:
+    uses: int = 0  # forwards that ran this layer
+    needed: int = 0  # distinct experts those forwards routed to (summed over uses)
+    in_time: int = 0  # of those, resident when the layer ran
+    fetched: int = 0  # experts the prefetcher had loaded for this layer since its last use
+    fetched_used: int = 0  # of those, routed to by the use that followed
+
+    def add(self, other: "LayerFigures") -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self, expert_bytes: int) -> dict:
+        return {**dataclasses.asdict(self),
+                "recall": self.in_time / self.needed if self.needed else 1.0,
+                "precision": self.fetched_used / self.fetched if self.fetched else None,
+                "overfetch": self.fetched / self.fetched_used if self.fetched_used else None,
+                "bytes_fetched": self.fetched * expert_bytes,
+                "bytes_fetched_used": self.fetched_used * expert_bytes}
+
+
+class PrefetchStats:
+    """Recall / precision bookkeeping; pure, so it is tested on scripted routing traces."""
+
+    def __init__(self, expert_bytes: int = 0) -> None:
+        self.expert_bytes = expert_bytes
+        self.layers: Dict[int, LayerFigures] = {}
+        self._pending: Dict[int, set] = {}  # layer -> prefetched since its last use
+
+    def fetched(self, layer: int, experts: Iterable[int]) -> None:
+        self._pending.setdefault(layer, set()).update(int(e) for e in experts)
+
+    def used(self, layer: int, needed: Iterable[int], resident: Iterable[int]) -> None:
+        needed = {int(e) for e in needed}
+        fetched = self._pending.pop(layer, set())
+        fig = self.layers.setdefault(layer, LayerFigures())
+        fig.uses += 1
+        fig.needed += len(needed)
+        fig.in_time += len(needed & {int(e) for e in resident})
+        fig.fetched += len(fetched)
+        fig.fetched_used += len(fetched & needed)
+
+    def total(self) -> LayerFigures:
+        out = LayerFigures()
+        for fig in self.layers.values():
+            out.add(fig)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"total": self.total().as_dict(self.expert_bytes),
+                "layers": {str(k): v.as_dict(self.expert_bytes)
+                           for k, v in sorted(self.layers.items())}}
+
+    def reset(self) -> None:
+        self.layers.clear()
+        self._pending.clear()
+
+
+# ---------------------------------------------------------------------------- predictors
+
+
+@dataclasses.dataclass
+class RouterView:
+    """What a predictor may run of MoE layer `layer`: its pre-MoE norm and its router."""
+
+    layer: int
+    norm: torch.nn.Module  # post_attention_layernorm: residual stream -> MoE input
+    gate: torch.nn.Module  # Router: MoE input -> RoutingResult-like top-k
+    top_k: int
+
+
+def route_rank(view: RouterView, residual: torch.Tensor, extra: int) -> List[int]:
+    """Experts ranked by summed router probability over the rows of `residual` [n, H],
+    keeping each row's top-(k + extra)."""
+    with torch.no_grad():
+        weight = view.gate.weight.to(residual.dtype)
+        logits = torch.nn.functional.linear(view.norm(residual), weight).float()
+        if view.gate.cfg.scoring == "sigmoid":  # DeepSeek-V3: the choice adds the bias
+            scores = logits.sigmoid()
+            bias = getattr(view.gate, "e_score_correction_bias", None)
+            if bias is not None:
+                scores = scores + bias.float()
+        else:
+            scores = logits.softmax(-1)
+        k = min(view.top_k + extra, scores.shape[-1])
+        top = scores.topk(k, dim=-1)
+        mass = torch.zeros(scores.shape[-1]).index_add_(0, top.indices.reshape(-1),
+                                                         top.values.reshape(-1))
+    order = torch.argsort(mass, descending=True, stable=True)
+    return [int(e) for e in order[: int((mass > 0).sum())].tolist()]
+
+
+class ExpertPredictor:
+    """Base: predicts nothing. Each hook returns {layer: experts, most wanted first}."""
+
+    name = "none"
+
+    def begin_step(self, ctx: StepContext) -> Dict[int, List[int]]:
+        return {}
+
+    def before_verify(self, ctx: StepContext) -> Dict[int, List[int]]:
+        return {}
+
+    def on_moe_input(self, layer: int, normed: torch.Tensor, residual: torch.Tensor,
+                     ctx: Optional[StepContext]) -> Dict[int, List[int]]:
+        return {}
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
+        pass
+
+    def forget(self, rid: str) -> None:
+        pass
+
+
+class ReusePredictor(ExpertPredictor):
+    """Temporal locality: the experts the last forward routed to, per layer (most used first),
+    plus the `width` most frequent others of a decayed history."""
+
+    name = "reuse"
+
+    def __init__(self, width: int, decay: float = 0.8) -> None:
+        self.width, self.decay = width, decay
+        self.last: Dict[int, List[int]] = {}
+        self.history: Dict[int, torch.Tensor] = {}
+
+    def begin_step(self, ctx: StepContext) -> Dict[int, List[int]]:
+        out = {}
+        for layer, ranked in self.last.items():
+            hist = self.history[layer]
+            extra = [int(e) for e in torch.argsort(hist, descending=True, stable=True).tolist()
+                     if e not in ranked and hist[e] > 0][: self.width]
+            out[layer] = ranked + extra
+        return out
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
+        ids = topk_ids.reshape(-1).cpu()
+        num = int(ids.max()) + 1 if ids.numel() else 0
+        hist = self.history.get(layer)
+        if hist is None or hist.numel() < num:
+            grown = torch.zeros(max(num, 1))
+            if hist is not None:
+                grown[: hist.numel()] = hist
+            hist = grown
+        counts = torch.bincount(ids, minlength=hist.numel()).float()
+        self.history[layer] = hist * self.decay + counts
+        order = torch.argsort(counts, descending=True, stable=True)
+        self.last[layer] = [int(e) for e in order[: int((counts > 0).sum())].tolist()]
+
+
+class LayerAheadPredictor(ExpertPredictor):
+    """While layer L runs, route L's residual stream through the next MoE layer's router:
+    the residual changes little from one layer to the next."""
+
+    name = "layer_ahead"
+
+    def __init__(self, views: Dict[int, RouterView], width: int) -> None:
+        self.views, self.layers, self.width = views, sorted(views), width
+
+    def on_moe_input(self, layer, normed, residual, ctx) -> Dict[int, List[int]]:
+        i = bisect.bisect_right(self.layers, layer)  # the next MoE layer (dense ones skipped)
+        if i == len(self.layers):
+            return {}
+        view = self.views[self.layers[i]]
+        return {view.layer: route_rank(view, residual, self.width)}
+
+
+class DraftPredictor(ExpertPredictor):
+    """Route the pass's tokens (the drafted ones included) through the target's routers before
+    the pass runs. A token's residual stream at layer L is estimated from the request's most
+    recent processed token t: r_L(x) ~ r_L(t) - emb(t) + emb(x) (the context's contribution
+    is shared; only the token's own embedding differs). With no history yet (a new request),
+    the embedding alone stands in for the residual."""
+
+    name = "draft"
+
+    def __init__(self, views: Dict[int, RouterView], embed: torch.nn.Embedding, width: int) -> None:
+        self.views, self.embed, self.width = views, embed, width
+        # rid -> (token id, {layer: residual [H]}) of the request's latest processed token
+        self.state: Dict[str, tuple] = {}
+        self._rows: Optional[List[tuple]] = None  # (rid, row) to keep from this pass
+        self._num_rows = 0
+
+    def before_verify(self, ctx: StepContext) -> Dict[int, List[int]]:
+        if len(self.state) > 2 * len(ctx.rids) + 64:  # aborted requests never say goodbye
+            live = set(ctx.rids)
+            self.state = {rid: s for rid, s in self.state.items() if rid in live}
+        rows, row = [], 0
+        embs, bases = [], {layer: [] for layer in self.views}
+        with torch.no_grad():
+            for rid, toks, tree in zip(ctx.rids, ctx.tokens, ctx.is_tree):
+                keep = row if tree else row + len(toks) - 1  # a tree's root is always kept
+                rows.append((rid, keep, toks[keep - row]))
+                row += len(toks)
+                emb = self.embed.weight[torch.tensor(toks)]
+                embs.append(emb)
+                prev = self.state.get(rid)
+                for layer in self.views:
+                    if prev is None or layer not in prev[1]:
+                        bases[layer].append(torch.zeros_like(emb))
+                    else:
+                        token, res = prev
+                        base = res[layer] - self.embed.weight[token].to(res[layer].dtype)
+                        bases[layer].append(base.to(emb.dtype).expand_as(emb))
+            if not embs:
+                return {}
+            emb = torch.cat(embs)
+            out = {layer: route_rank(view, emb + torch.cat(bases[layer]), self.width)
+                   for layer, view in self.views.items()}
+        # The pass about to run replaces each request's state, layer by layer.
+        self._rows, self._num_rows = [], row
+        for rid, keep, token in rows:
+            self.state[rid] = (token, {})
+            self._rows.append((rid, keep))
+        return out
+
+    def on_moe_input(self, layer, normed, residual, ctx) -> Dict[int, List[int]]:
+        if self._rows and layer in self.views and residual.shape[0] == self._num_rows:
+            for rid, row in self._rows:
+                self.state[rid][1][layer] = residual[row].detach().clone()
+        return {}
+
+    def forget(self, rid: str) -> None:
+        self.state.pop(rid, None)
+
+
+class EnsemblePredictor(ExpertPredictor):
+    """Union of the others, interleaved by rank, cut at `budget` experts per layer (what the
+    layer's fast tier can hold: a byte budget of budget x expert bytes)."""
+
+    name = "ensemble"
+
+    def __init__(self, members: Sequence[ExpertPredictor], budget: int) -> None:
+        self.members, self.budget = list(members), budget
+
+    def _merge(self, answers: List[Dict[int, List[int]]]) -> Dict[int, List[int]]:
+        out: Dict[int, List[int]] = {}
+        for layer in sorted({k for a in answers for k in a}):
+            lists = [a.get(layer, []) for a in answers]
+            merged: List[int] = []
+            for rank in range(max(len(x) for x in lists)):
+                for x in lists:
+                    if rank < len(x) and x[rank] not in merged:
+                        merged.append(x[rank])
+            out[layer] = merged[: self.budget]
+        return out
+
+    def begin_step(self, ctx):
+        return self._merge([m.begin_step(ctx) for m in self.members])
+
+    def before_verify(self, ctx):
+        return self._merge([m.before_verify(ctx) for m in self.members])
+
+    def on_moe_input(self, layer, normed, residual, ctx):
+        return self._merge([m.on_moe_input(layer, normed, residual, ctx) for m in self.members])
+
+    def on_routed(self, layer, topk_ids):
+        for m in self.members:
+            m.on_routed(layer, topk_ids)
+
+    def forget(self, rid):
+        for m in self.members:
+            m.forget(rid)
+
+
+# ---------------------------------------------------------------------------- the prefetcher
+
+
+class ExpertPrefetcher:
+    """Glue between the scheduler, the MoE layers, one predictor and the store."""
+
+    def __init__(self, store: "ExpertStore", predictor: ExpertPredictor, expert_bytes: int) -> None:
+        self.store, self.predictor = store, predictor
+        self.stats = PrefetchStats(expert_bytes)
+        self.ctx: Optional[StepContext] = None
+
+    def _issue(self, wanted: Dict[int, List[int]]) -> None:
+        for layer in sorted(wanted):
+            ids = wanted[layer][: self.store.num_slots]
+            if ids:
+                self.stats.fetched(layer, self.store.prefetch_experts(layer, ids))
+
+    # scheduler hooks
+    def begin_step(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        self._issue(self.predictor.begin_step(ctx))
+
+    def before_verify(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        self._issue(self.predictor.before_verify(ctx))
+
+    def forget(self, rid: str) -> None:
+        self.predictor.forget(rid)
+
+    # model hooks
+    def on_moe_input(self, layer: int, normed: torch.Tensor, residual: torch.Tensor) -> None:
+        self._issue(self.predictor.on_moe_input(layer, normed, residual, self.ctx))
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
+        needed = torch.unique(topk_ids).tolist()
+        self.stats.used(layer, needed, self.store.resident(layer))
+        self.predictor.on_routed(layer, topk_ids)
+
+    def figures(self) -> dict:
+        store = self.store.stats().to_dict()
+        return {"predictor": self.predictor.name, **self.stats.to_dict(),
+                "hit_rate": store["total"]["hit_rate"],
+                "stall_seconds": store["total"]["stall_seconds"],
+                "bytes_loaded": store["total"]["bytes_loaded"]}
+
+
+def build_predictor(name: str, views: Dict[int, RouterView], embed: torch.nn.Embedding,
+                    width: int, num_slots: int) -> ExpertPredictor:
+    if name not in PREDICTORS:
+        raise ValueError(f"--moe-prefetch-predictor must be one of {PREDICTORS}, got {name!r}")
+    if name == "reuse":
+        return ReusePredictor(width)
+    if name == "layer_ahead":
+        return LayerAheadPredictor(views, width)
+    if name == "draft":
+        return DraftPredictor(views, embed, width)
+    if name == "ensemble":
+        return EnsemblePredictor([DraftPredictor(views, embed, width), LayerAheadPredictor(views, width),
+                                  ReusePredictor(width)], num_slots)
+    return ExpertPredictor()

@@ -1,0 +1,114 @@
+"""Expert prefetch (--moe-prefetch-predictor): bookkeeping on scripted routing traces, the
+predictors' own logic, and, through the real Scheduler with a tiny MoE and few expert slots,
+output identical to prefetch off for every predictor (greedy and seeded sampling, plain and
+speculative) with every slot back to baseline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.srt.layers.moe.prefetch import (PREDICTORS, EnsemblePredictor, ExpertPredictor,
+                                            PrefetchStats, ReusePredictor, RouterView,
+                                            StepContext, route_rank)
+from sglang.srt.layers.moe.router import Router, RouterConfig
+from sglang.test.scheduler_driver import greedy, make_scheduler, run
+
+
+def test_stats_on_a_scripted_trace() -> None:
+    stats = PrefetchStats(expert_bytes=100)
+    # step 1, layer 0: fetched {1,2,3}; the layer needs {2,3,4}; resident then: {2,3,5}
+    stats.fetched(0, [1, 2])
+    stats.fetched(0, [3])
+    stats.used(0, needed=[2, 3, 4], resident=[2, 3, 5])
+    # step 2, layer 0: nothing fetched; needs {5}, resident
+    stats.used(0, needed=[5], resident=[5, 2])
+    # layer 1: fetched {7}, unused; needs {6}, not resident
+    stats.fetched(1, [7])
+    stats.used(1, needed=[6], resident=[7])
+    d = stats.to_dict()
+    l0, l1, total = d["layers"]["0"], d["layers"]["1"], d["total"]
+    assert (l0["uses"], l0["needed"], l0["in_time"]) == (2, 4, 3)
+    assert l0["recall"] == pytest.approx(3 / 4)
+    assert l0["precision"] == pytest.approx(2 / 3) and l0["overfetch"] == pytest.approx(1.5)
+    assert (l0["bytes_fetched"], l0["bytes_fetched_used"]) == (300, 200)
+    assert l1["recall"] == 0.0 and l1["precision"] == 0.0 and l1["overfetch"] is None
+    assert total["recall"] == pytest.approx(3 / 5) and total["precision"] == pytest.approx(2 / 4)
+    # a fetch counts against the next use of its layer only
+    stats.used(1, needed=[7], resident=[7])
+    assert stats.to_dict()["layers"]["1"]["fetched"] == 1
+
+
+def test_reuse_predicts_last_routing_then_history() -> None:
+    p = ReusePredictor(width=1)
+    ctx = StepContext(["a"], [[1]], [False])
+    assert p.begin_step(ctx) == {}
+    p.on_routed(0, torch.tensor([[3, 1], [3, 2]]))
+    assert p.begin_step(ctx) == {0: [3, 1, 2]}  # most used first, no history beyond
+    p.on_routed(0, torch.tensor([[5, 3]]))
+    ranked = p.begin_step(ctx)[0]
+    assert ranked[:2] == [3, 5] and len(ranked) == 3 and ranked[2] in (1, 2)
+
+
+def test_route_rank_covers_the_routers_choice() -> None:
+    torch.manual_seed(0)
+    cfg = RouterConfig(num_experts=8, top_k=2)
+    gate = Router(16, cfg)
+    gate.weight.data.normal_()
+    norm = torch.nn.Identity()
+    x = torch.randn(5, 16)
+    chosen = set(gate(x).topk_ids.reshape(-1).tolist())
+    ranked = route_rank(RouterView(0, norm, gate, 2), x, extra=0)
+    assert set(ranked) == chosen
+    wider = route_rank(RouterView(0, norm, gate, 2), x, extra=2)
+    assert chosen < set(wider) and len(wider) <= 8
+
+
+def test_ensemble_interleaves_and_respects_budget() -> None:
+    class Fixed(ExpertPredictor):
+        def __init__(self, answer):
+            self.answer = answer
+
+        def begin_step(self, ctx):
+            return self.answer
+
+    ens = EnsemblePredictor([Fixed({0: [1, 2, 3]}), Fixed({0: [4, 1], 1: [9]})], budget=3)
+    assert ens.begin_step(None) == {0: [1, 4, 2], 1: [9]}
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(11)
+    return [torch.randint(3, 3000, (n,), generator=g).tolist() * 3 for n in (6, 10)]
+
+
+@pytest.mark.parametrize("spec", [None, "NGRAM"])
+def test_every_predictor_changes_nothing(tiny_moe_dir, spec) -> None:
+    folder = tiny_moe_dir("qwen2_moe")
+    prompts, n = _prompts(), 10
+    sampled = {"max_new_tokens": n, "temperature": 0.9, "sampling_seed": 5, "ignore_eos": True}
+    params = [greedy(n), sampled]
+    extra = dict(speculative_algorithm="NGRAM", speculative_num_steps=3,
+                 speculative_num_draft_tokens=6) if spec else {}
+    ref_sched = make_scheduler(folder, **extra)
+    ref = run(ref_sched, prompts, params)
+    ref_sched.check_all_free()
+    for name in PREDICTORS:
+        # 2 slots = top-k: every layer runs with the fewest slots possible, so prefetches
+        # race with the running layers' pinned experts all the time
+        sched = make_scheduler(folder, moe_expert_cache_slots=2, moe_prefetch_predictor=name,
+                               moe_prefetch_width=1, **extra)
+        got = run(sched, prompts, params)
+        for rid in ref:
+            assert got[rid][0] == ref[rid][0], (name, rid)
+        sched.check_all_free()  # KV, requests and expert slots (no pin, no load in flight)
+        store = sched.runner.model.expert_store
+        info = sched.moe_state()
+        if name == "none":
+            assert "moe_prefetch" not in info
+        else:
+            figs = info["moe_prefetch"]
+            assert figs["predictor"] == name
+            assert 0.0 <= figs["total"]["recall"] <= 1.0
+            assert figs["total"]["uses"] > 0 and figs["total"]["fetched"] > 0, figs["total"]
+            assert set(figs["layers"]) == {str(i) for i in store.layers()}
+        store.close()
