@@ -170,11 +170,11 @@ class ServerArgs:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
         if self.speculative_algorithm is not None:
             algo = self.speculative_algorithm.upper()
-            if algo not in ("STANDALONE", "NGRAM"):
-                raise ValueError(f"--speculative-algorithm must be STANDALONE or NGRAM on this fork, "
+            if algo not in ("STANDALONE", "NGRAM", "HYBRID"):
+                raise ValueError(f"--speculative-algorithm must be STANDALONE, NGRAM or HYBRID on this fork, "
                                  f"got {self.speculative_algorithm!r}")
-            if algo == "STANDALONE" and not self.speculative_draft_model_path:
-                raise ValueError("--speculative-algorithm STANDALONE needs "
+            if algo in ("STANDALONE", "HYBRID") and not self.speculative_draft_model_path:
+                raise ValueError(f"--speculative-algorithm {algo} needs "
                                  "--speculative-draft-model-path (a small model with the same tokenizer)")
             for name in ("speculative_num_steps", "speculative_eagle_topk",
                          "speculative_num_draft_tokens"):
@@ -203,7 +203,7 @@ class ServerArgs:
             raise ValueError("--speculative-draft-kv-policy must be one of full, streaming, "
                              f"retrieval; got {policy!r}")
         algo = (self.speculative_algorithm or "").upper()
-        if policy != "full" and algo != "STANDALONE":
+        if policy != "full" and algo not in ("STANDALONE", "HYBRID"):
             raise ValueError(f"--speculative-draft-kv-policy {policy} needs "
                              "--speculative-algorithm STANDALONE (a draft model with KV)")
         budget = self.speculative_draft_kv_budget

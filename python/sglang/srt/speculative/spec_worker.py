@@ -22,7 +22,7 @@ from sglang.srt.speculative.verify import VerifyResult, verify_greedy, verify_sa
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS = ("STANDALONE", "NGRAM")
+ALGORITHMS = ("STANDALONE", "NGRAM", "HYBRID")
 
 
 def resolve_spec_defaults(server_args) -> Tuple[int, int, int]:
@@ -36,6 +36,8 @@ def resolve_spec_defaults(server_args) -> Tuple[int, int, int]:
     steps = server_args.speculative_num_steps or 3
     topk = server_args.speculative_eagle_topk or 1
     draft = server_args.speculative_num_draft_tokens
+    if algo == "HYBRID":  # room for n-gram branches beside the draft model's
+        return steps, topk, draft or max(steps * topk + 1, 8)
     if topk == 1:
         draft = steps + 1  # a chain: the root plus one token per step
     elif draft is None:
@@ -61,13 +63,19 @@ class SpecWorker:
             from sglang.srt.speculative.drafters.standalone import StandaloneDrafter
 
             if not server_args.speculative_draft_model_path:
-                raise ValueError("--speculative-algorithm STANDALONE needs "
+                raise ValueError(f"--speculative-algorithm {self.algorithm} needs "
                                  "--speculative-draft-model-path")
-            self.drafter = StandaloneDrafter(server_args, max_running, context_len,
-                                             max_total_tokens, self.num_steps, self.topk,
-                                             chunk_size)
+            model = StandaloneDrafter(server_args, max_running, context_len, max_total_tokens,
+                                      self.num_steps, self.topk, chunk_size)
+            self.drafter = model
+            if self.algorithm == "HYBRID":
+                from sglang.srt.speculative.drafters.hybrid import HybridDrafter
+                from sglang.srt.speculative.drafters.ngram import NgramDrafter
+
+                self.drafter = HybridDrafter(
+                    NgramDrafter(max_depth=max(self.num_draft_tokens - 1, 1)), model)
         # The drafter whose KV hangs off the radix cache beside the target's (None: NGRAM).
-        self.kv_drafter = self.drafter if self.algorithm == "STANDALONE" else None
+        self.kv_drafter = None if self.algorithm == "NGRAM" else model
         self.draft_cached: Dict[str, int] = {}  # rid -> draft tokens reused at admission
         self.total_verify_ct = 0
         self.total_accepted_tokens = 0  # tokens emitted by decode steps
@@ -83,12 +91,12 @@ class SpecWorker:
 
     def _candidate_budgets(self) -> List[int]:
         full = self.num_draft_tokens
-        if self.algorithm == "STANDALONE" and self.topk > 1:
+        if self.algorithm != "NGRAM" and self.topk > 1:
             return [1, full]  # a tree's draft cost is fixed by its steps
         return sorted({1, 2, min(4, full), full})
 
     def depth_of(self, budget: int) -> int:
-        if self.algorithm == "STANDALONE":
+        if self.algorithm != "NGRAM":  # the draft model's levels (HYBRID's n-grams go deeper)
             return min(self.num_steps, budget - 1)
         return budget - 1
 
@@ -142,10 +150,21 @@ class SpecWorker:
         info = SamplingBatchInfo.from_reqs([req], self.vocab_size).expand_rows([len(tree)])
         adjusted = apply_logit_adjustments(logits.float(), info)
         if req.grammar is not None:
-            return self._verify_with_grammar(req, tree, adjusted, info)
+            result = self._verify_with_grammar(req, tree, adjusted, info)
+            self._credit(req, result)
+            return result
         if req.sampling_params.is_greedy:
-            return verify_greedy(tree, adjusted.argmax(dim=-1).tolist())
-        return verify_sampling(tree, logits_to_probs(adjusted, info), req.generator)
+            result = verify_greedy(tree, adjusted.argmax(dim=-1).tolist())
+        else:
+            result = verify_sampling(tree, logits_to_probs(adjusted, info), req.generator)
+        self._credit(req, result)
+        return result
+
+    def _credit(self, req, result: VerifyResult) -> None:
+        """HYBRID: tell the drafter which of its nodes were accepted (its weights)."""
+        on_verified = getattr(self.drafter, "on_verified", None)
+        if on_verified is not None:
+            on_verified(req, result.path)
 
     def _verify_with_grammar(self, req, tree: DraftTree, adjusted: torch.Tensor,
                              info) -> VerifyResult:
@@ -212,6 +231,9 @@ class SpecWorker:
         }
         if self.kv_drafter is not None:  # beside `cached_tokens`: the draft's prefix reuse
             meta["draft_cached_tokens"] = self.draft_cached.get(req.rid, 0)
+        weights = getattr(self.drafter, "drafter_weights", None)
+        if weights is not None:  # HYBRID: how much each drafter is trusted now
+            meta["spec_drafter_weights"] = weights(req)
         return meta
 
     # ------------------------------------------------------------------ draft KV <-> radix cache
@@ -249,8 +271,9 @@ class SpecWorker:
         at most req.kv_len) for cache_finished, which takes ownership; frees the rest.
         A prefill-only request (max_new_tokens 0) first catches the draft up on its prompt,
         so a warmed document is cached for both models."""
-        if self.kv_drafter is None:
+        if self.drafter is not self.kv_drafter:  # NGRAM, or HYBRID's n-gram side
             self.drafter.release(req)
+        if self.kv_drafter is None:
             return None
         reason = req.finished_reason or {}
         if (req.max_new_tokens == 0 and reason.get("type") == "length"

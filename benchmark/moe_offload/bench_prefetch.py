@@ -1,0 +1,176 @@
+"""Draft-guided expert prefetch on a real MoE fixture with few experts resident.
+
+For each residency (25% and 50% of the experts per layer, pages of the slow tier dropped
+after every load so misses are disk reads), through the real Scheduler (batch 1, greedy, a
+legal-text prompt):
+  plain              plain decoding, on-demand expert loads (the baseline)
+  spec               speculative decoding (STANDALONE, chain of --steps), on-demand loads
+  spec+<predictor>   the same with --moe-prefetch-predictor reuse|layer_ahead|draft|ensemble
+Reported per setting: decode tokens/s, mean verify-pass time (the target forward of a
+speculative step), the store's hit rate / stall time / bytes, and the prefetcher's recall,
+precision and over-fetch, per layer in the JSON. All settings must emit the same tokens.
+
+    python benchmark/moe_offload/bench_prefetch.py --model smollm2-upcycled-8x-perturbed
+    python benchmark/moe_offload/bench_prefetch.py --model qwen1.5b-moefied-16x4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(_ROOT, "benchmark"))
+sys.path.insert(0, os.path.join(_ROOT, "python"))
+from common import machine_info, plot_bars, prompt_ids, save  # noqa: E402
+
+PREDICTORS = ("reuse", "layer_ahead", "draft", "ensemble")
+
+
+def draft_for(model: str) -> str:
+    from sglang.test import real_assets
+
+    if model.startswith("qwen"):
+        pair = real_assets.qwen_pair()
+        if pair is None:
+            raise FileNotFoundError("Qwen GGUFs missing: run scripts/fetch_real_models.py")
+        return pair[0]  # the 0.5B
+    return real_assets.smollm2_gguf()
+
+
+def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, slots: int,
+                predictor: str, steps: int, dtype: str) -> Dict[str, Any]:
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    kw: Dict[str, Any] = dict(model_path=path, dtype=dtype, max_total_tokens=4096,
+                              moe_expert_cache_slots=slots, moe_expert_drop_page_cache=True,
+                              moe_prefetch_predictor=predictor, moe_prefetch_width=0)
+    if draft is not None:
+        kw.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
+                  speculative_num_steps=steps, speculative_eagle_topk=1,
+                  speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
+    sched = Scheduler(ServerArgs(**kw))
+    forward_times: List[float] = []
+    inner = sched.runner.forward
+
+    def timed_forward(fb):  # benchmark instrumentation: time the target's passes
+        t0 = time.perf_counter()
+        out = inner(fb)
+        forward_times.append((time.perf_counter() - t0, fb.forward_mode.name))
+        return out
+
+    sched.runner.forward = timed_forward
+    sp = SamplingParams.from_dict({"max_new_tokens": n_new, "temperature": 0, "ignore_eos": True})
+    sched.add_request(TokenizedGenerateReqInput(rid="r", input_ids=prompt, sampling_params=sp))
+    tokens: List[int] = []
+    t_first = None
+    store = sched.runner.model.expert_store
+    while not sched.is_idle():
+        for u in sched.step():
+            tokens.extend(u.new_output_ids)
+        if t_first is None and tokens:  # prefill done: decoding (and the figures) start here
+            t_first = time.perf_counter()
+            store.reset_stats()
+            if sched.prefetcher is not None:
+                sched.prefetcher.stats.reset()
+            forward_times.clear()
+    decode_s = time.perf_counter() - t_first
+    out: Dict[str, Any] = {"tokens": tokens, "tok_s": (len(tokens) - 1) / decode_s,
+                           "decode_s": decode_s}
+    passes = [t for t, mode in forward_times]
+    verify = [t for t, mode in forward_times if mode == "TARGET_VERIFY"]
+    out["target_passes"] = len(passes)
+    out["mean_pass_s"] = sum(passes) / len(passes) if passes else None
+    out["mean_verify_s"] = sum(verify) / len(verify) if verify else None
+    st = store.stats().to_dict()["total"]
+    out.update(hit_rate=st["hit_rate"], stall_s=st["stall_seconds"], loads=st["loads"],
+               bytes_loaded=st["bytes_loaded"], misses=st["misses"], late=st["late"])
+    if sched.spec is not None:
+        out["accept_length"] = sched.spec.avg_accept_length()
+    if sched.prefetcher is not None:
+        figs = sched.prefetcher.figures()
+        tot = figs["total"]
+        out.update(recall=tot["recall"], precision=tot["precision"], overfetch=tot["overfetch"],
+                   bytes_fetched=tot["bytes_fetched"], bytes_fetched_used=tot["bytes_fetched_used"],
+                   per_layer=figs["layers"])
+    sched.abort("", "benchmark done")
+    store.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-upcycled-8x-perturbed")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--fractions", default="0.25,0.5")
+    ap.add_argument("--predictors", default=",".join(PREDICTORS))
+    args = ap.parse_args()
+
+    import json
+
+    import torch
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_moe import fixture_path
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    path = fixture_path(args.model)
+    cfg = json.load(open(os.path.join(path, "config.json")))
+    num_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg["n_routed_experts"]
+    tok = AutoTokenizer.from_pretrained(path)
+    prompt = prompt_ids(tok, args.prompt_tokens)
+    draft = draft_for(args.model)
+    results: Dict[str, Dict[str, Any]] = {}
+    predictors = [p for p in args.predictors.split(",") if p]
+    for frac in (float(f) for f in args.fractions.split(",")):
+        slots = max(cfg.get("num_experts_per_tok", 2), round(num_experts * frac))
+        settings = [("plain", None, "none"), ("spec", draft, "none")]
+        settings += [(f"spec+{p}", draft, p) for p in predictors]
+        for name, d, pred in settings:
+            key = f"{int(frac * 100)}% {name}"
+            r = run_setting(path, d, prompt, args.new_tokens, slots, pred, args.steps, args.dtype)
+            r["slots"] = slots
+            results[key] = r
+            fig = (f" recall {r['recall']:.2f} precision {r['precision'] or 0:.2f}"
+                   if "recall" in r else "")
+            verify = f" verify {r['mean_verify_s'] * 1e3:.0f} ms" if r["mean_verify_s"] else ""
+            print(f"{key:28s} {r['tok_s']:6.2f} tok/s{verify} hit {r['hit_rate']:.2f} "
+                  f"stall {r['stall_s']:.2f}s{fig}", flush=True)
+    ref = next(iter(results.values()))["tokens"]
+    same = {k: v["tokens"] == ref for k, v in results.items()}
+    ratios = {}
+    for frac in (float(f) for f in args.fractions.split(",")):
+        pct = f"{int(frac * 100)}%"
+        plain, spec = results[f"{pct} plain"], results[f"{pct} spec"]
+        for k, v in results.items():
+            if k.startswith(pct) and k != f"{pct} plain":
+                ratios[k] = {"speedup_vs_plain": v["tok_s"] / plain["tok_s"],
+                             "speedup_vs_spec_on_demand": v["tok_s"] / spec["tok_s"]}
+                if v.get("mean_verify_s") and spec.get("mean_verify_s"):
+                    ratios[k]["verify_speedup_vs_on_demand"] = spec["mean_verify_s"] / v["mean_verify_s"]
+    for k, v in ratios.items():
+        print(f"{k:28s} " + "  ".join(f"{a} {b:.2f}x" for a, b in v.items()))
+    print("same tokens in every setting:", all(same.values()))
+    payload = {"model": args.model, "draft": os.path.basename(draft), "experts_per_layer": num_experts,
+               "prompt_tokens": len(prompt), "new_tokens": args.new_tokens, "steps": args.steps,
+               "dtype": args.dtype, "machine": machine_info(), "same_tokens": same,
+               "ratios": ratios, "results": results}
+    out = save(f"moe_prefetch_{args.model}", payload)
+    keys = list(results)
+    plot_bars(out[:-5] + ".png", f"Expert prefetch, {args.model} (tokens/s, batch 1)", keys,
+              {"tok/s": [results[k]["tok_s"] for k in keys]}, "tokens/s")
+    print("saved", out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""HYBRID drafter: n-gram and draft-model candidates merged into one tree per request.
+
+Both drafters propose under the step's token budget; their trees are merged as tries (a
+token path both propose is one node), and the merged tree keeps the `budget` best nodes by
+
+    score(node) = log( w_ngram * p_ngram(node) + w_model * p_model(node) )
+
+where p_d is drafter d's cumulative probability of the path (0 if d did not propose it) and
+w_d is the request's recent acceptance weight of drafter d. Each p_d is non-increasing along
+a path, so the score is too and `select_best` keeps ancestors before descendants.
+
+Weights: after each verify, a drafter is credited with the accepted draft nodes it had
+proposed; w_d follows an exponential moving average of that credit, so a request whose text
+is copied from its document leans on n-grams and prose on the draft model. Verification is
+the same as for any tree (verify.py), so the merge never changes the output distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Optional, Tuple
+
+from sglang.srt.speculative.drafters.base import Drafter
+from sglang.srt.speculative.tree import DraftTree, select_best
+
+NAMES = ("ngram", "model")
+
+
+@dataclasses.dataclass
+class DrafterWeights:
+    """Per-request EMA of accepted draft tokens credited to each drafter per step."""
+
+    ema: Dict[str, float] = dataclasses.field(default_factory=lambda: {n: 1.0 for n in NAMES})
+    alpha: float = 0.3
+    floor: float = 0.05  # a drafter out of favour still gets a few nodes: it can come back
+
+    def update(self, credit: Dict[str, int]) -> None:
+        for name in NAMES:
+            self.ema[name] = (1 - self.alpha) * self.ema[name] + self.alpha * credit.get(name, 0)
+
+    def weights(self) -> Dict[str, float]:
+        total = sum(self.ema.values())
+        if total <= 0:
+            return {n: 1.0 / len(NAMES) for n in NAMES}
+        raw = {n: max(self.ema[n] / total, self.floor) for n in NAMES}
+        norm = sum(raw.values())
+        return {n: v / norm for n, v in raw.items()}
+
+
+def merge_trees(root: int, trees: Dict[str, Optional[DraftTree]], weights: Dict[str, float],
+                budget: int) -> Tuple[DraftTree, List[frozenset]]:
+    """(merged tree of at most `budget` nodes, per node the set of drafters that proposed it)."""
+    prob: Dict[Tuple[int, ...], Dict[str, float]] = {(): {n: 1.0 for n in NAMES}}
+    for name, tree in trees.items():
+        if tree is None:
+            continue
+        assert tree.tokens[0] == root, "drafters disagree on the root token"
+        paths: List[Tuple[int, ...]] = [()]
+        for i in range(1, len(tree)):
+            path = paths[tree.parents[i]] + (tree.tokens[i],)
+            paths.append(path)
+            prob.setdefault(path, {})[name] = math.exp(tree.scores[i])
+    merged = DraftTree.root_only(root)
+    origins: List[frozenset] = [frozenset(NAMES)]
+    node_of = {(): 0}
+    for path in sorted(prob, key=len):  # parents first
+        if not path:
+            continue
+        p = prob[path]
+        mass = sum(weights[n] * p.get(n, 0.0) for n in NAMES)
+        node_of[path] = merged.add(path[-1], node_of[path[:-1]], math.log(max(mass, 1e-30)))
+        origins.append(frozenset(p))
+    kept = select_best(merged, budget)
+    if kept is merged:
+        return merged, origins
+    # select_best keeps nodes in order; map its nodes back to their paths' origins
+    index = {}
+    paths_of = [()]
+    for i in range(1, len(kept)):
+        paths_of.append(paths_of[kept.parents[i]] + (kept.tokens[i],))
+        index[i] = node_of[paths_of[i]]
+    return kept, [origins[0]] + [origins[index[i]] for i in range(1, len(kept))]
+
+
+class HybridDrafter(Drafter):
+    def __init__(self, ngram: Drafter, model: Drafter) -> None:
+        self.ngram, self.model = ngram, model
+        self.weights: Dict[str, DrafterWeights] = {}
+        self.origins: Dict[str, List[frozenset]] = {}  # rid -> origins of its last tree
+        self.last_weights: Dict[str, DrafterWeights] = {}  # of released requests (bounded)
+
+    def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
+        model_trees = self.model.propose(reqs, budgets, depth)
+        # n-grams are cheap and can see further than the draft's steps: their own depth
+        ngram_trees = self.ngram.propose(reqs, budgets, None)
+        out: List[Optional[DraftTree]] = []
+        for req, budget, mt, nt in zip(reqs, budgets, model_trees, ngram_trees):
+            if mt is None and nt is None:
+                out.append(None)
+                continue
+            if req.rid not in self.weights:  # new, or resumed after a retraction
+                self.weights[req.rid] = self.last_weights.pop(req.rid, None) or DrafterWeights()
+            w = self.weights[req.rid].weights()
+            tree, origins = merge_trees(req.fill_ids[-1], {"model": mt, "ngram": nt}, w, budget)
+            self.origins[req.rid] = origins
+            out.append(tree)
+        return out
+
+    def on_verified(self, req, path: List[int]) -> None:
+        """Credit each drafter with the accepted draft nodes (path[1:]) it proposed."""
+        origins = self.origins.pop(req.rid, None)
+        if origins is None:
+            return
+        credit = {n: sum(n in origins[i] for i in path[1:]) for n in NAMES}
+        self.weights.setdefault(req.rid, DrafterWeights()).update(credit)
+
+    def drafter_weights(self, req) -> Dict[str, float]:
+        """The request's weights now (read-only: the final update comes after release)."""
+        w = self.weights.get(req.rid)
+        if w is None:
+            w = self.last_weights.get(req.rid, DrafterWeights())
+        return w.weights()
+
+    def release(self, req) -> None:
+        """Drop the n-gram index and the weights. The draft model's KV is not touched here:
+        the SpecWorker releases it (into the radix cache) as the `kv_drafter`."""
+        self.ngram.release(req)
+        w = self.weights.pop(req.rid, None)
+        if w is not None:  # the finished request's meta_info still reports them
+            self.last_weights[req.rid] = w
+            while len(self.last_weights) > 1024:
+                self.last_weights.pop(next(iter(self.last_weights)))
+        self.origins.pop(req.rid, None)
+
+    def check_all_free(self) -> None:
+        self.ngram.check_all_free()
+        self.model.check_all_free()
+        assert not self.weights and not self.origins, "hybrid state left for finished requests"

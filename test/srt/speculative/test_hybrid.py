@@ -1,0 +1,104 @@
+"""HYBRID drafting: n-gram and draft-model trees merged under one budget, weighted by each
+drafter's recent acceptance for the request; greedy output equals plain decoding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sglang.srt.speculative.drafters.hybrid import DrafterWeights, merge_trees
+from sglang.srt.speculative.tree import DraftTree
+from sglang.test.scheduler_driver import greedy, make_scheduler, run
+
+
+
+def prompts(batch: int, seed: int):
+    """Random token runs repeated 3 times: the n-gram side has something to find."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(batch):
+        n = int(torch.randint(3, 12, (1,), generator=g))
+        out.append(torch.randint(3, 3000, (n,), generator=g).tolist() * 3)
+    return out
+
+
+def chain(root: int, tokens, probs) -> DraftTree:
+    tree = DraftTree.root_only(root)
+    parent, score = 0, 0.0
+    for t, p in zip(tokens, probs):
+        score += math.log(p)
+        parent = tree.add(t, parent, score)
+    return tree
+
+
+def paths(tree: DraftTree):
+    out, ps = set(), [()]
+    for i in range(1, len(tree)):
+        ps.append(ps[tree.parents[i]] + (tree.tokens[i],))
+        out.add(ps[-1])
+    return out
+
+
+def test_merge_shares_common_paths_and_records_origins() -> None:
+    model = chain(1, [5, 6, 7], [0.9, 0.9, 0.9])
+    ngram = chain(1, [5, 8], [1.0, 1.0])
+    tree, origins = merge_trees(1, {"model": model, "ngram": ngram},
+                                {"model": 0.5, "ngram": 0.5}, budget=10)
+    assert paths(tree) == {(5,), (5, 6), (5, 6, 7), (5, 8)}  # (5,) is one node, not two
+    by_path = dict(zip([()] + sorted(paths(tree), key=len), [None] * 5))
+    ps = [()]
+    for i in range(1, len(tree)):
+        ps.append(ps[tree.parents[i]] + (tree.tokens[i],))
+        by_path[ps[-1]] = origins[i]
+    assert by_path[(5,)] == {"model", "ngram"}
+    assert by_path[(5, 8)] == {"ngram"} and by_path[(5, 6, 7)] == {"model"}
+    for i in range(1, len(tree)):  # scores never increase along a path
+        assert tree.scores[i] <= tree.scores[tree.parents[i]] + 1e-12
+
+
+def test_weights_decide_what_fits_the_budget() -> None:
+    model = chain(1, [5, 6, 7], [0.9, 0.9, 0.9])
+    ngram = chain(1, [9, 8, 3], [1.0, 1.0, 1.0])
+    lean_ngram, _ = merge_trees(1, {"model": model, "ngram": ngram},
+                                {"model": 0.1, "ngram": 0.9}, budget=4)
+    lean_model, _ = merge_trees(1, {"model": model, "ngram": ngram},
+                                {"model": 0.9, "ngram": 0.1}, budget=4)
+    assert paths(lean_ngram) == {(9,), (9, 8), (9, 8, 3)}
+    assert paths(lean_model) == {(5,), (5, 6), (5, 6, 7)}
+    alone, origins = merge_trees(1, {"model": None, "ngram": ngram}, {"model": 0.5, "ngram": 0.5}, 3)
+    assert len(alone) == 3 and all(o == {"ngram"} for o in origins[1:])
+
+
+def test_weights_follow_credit_and_keep_a_floor() -> None:
+    w = DrafterWeights()
+    assert w.weights()["model"] == pytest.approx(0.5)
+    for _ in range(20):
+        w.update({"ngram": 4, "model": 0})  # copied text: n-gram nodes accepted
+    assert w.weights()["ngram"] > 0.9 and w.weights()["model"] >= 0.04
+    for _ in range(20):
+        w.update({"ngram": 0, "model": 3})  # prose: the draft model wins it back
+    assert w.weights()["model"] > 0.9
+
+
+@pytest.mark.parametrize("draft", ["same", "unrelated"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_hybrid_is_lossless(tiny_llama_dir, tiny_draft_dir, draft, batch) -> None:
+    ps = prompts(batch, seed=40 + batch)
+    plain = make_scheduler(tiny_llama_dir)
+    ref = run(plain, ps, [greedy(30)] * batch)
+    draft_dir = tiny_llama_dir if draft == "same" else tiny_draft_dir
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="HYBRID",
+                           speculative_draft_model_path=draft_dir, speculative_num_steps=3,
+                           speculative_num_draft_tokens=8)
+    got = run(sched, ps, [greedy(30)] * batch)
+    for rid, (ids, _) in ref.items():
+        assert got[rid][0] == ids
+    for _, upd in got.values():
+        weights = upd.extra_meta["spec_drafter_weights"]
+        assert sum(weights.values()) == pytest.approx(1.0)
+        if draft == "same":  # the draft model is always right: it keeps the larger weight
+            assert weights["model"] >= weights["ngram"]
+            assert upd.extra_meta["spec_accept_length"] > 1.5
+    sched.check_all_free()
