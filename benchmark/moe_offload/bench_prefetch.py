@@ -74,7 +74,8 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
     while not sched.is_idle():
         for u in sched.step():
             tokens.extend(u.new_output_ids)
-        if t_first is None and tokens:  # prefill done: decoding (and the figures) start here
+        started = tokens or any(r.output_ids for r in sched.running)
+        if t_first is None and started:  # prefill done: decoding (and the figures) start here
             t_first = time.perf_counter()
             store.reset_stats()
             if sched.prefetcher is not None:

@@ -182,3 +182,21 @@ def test_sharded_checkpoint_and_missing_expert(tiny_moe_dir, moe_prompts, tmp_pa
     for slots in (None, 2):
         with pytest.raises(ValueError, match="layer 2 experts \\[5\\]"):
             load_model(str(broken), dtype="float32", moe_expert_cache_slots=slots)
+
+
+def test_prefetch_never_evicts_protected_experts(tiny_moe_dir) -> None:
+    """A prefetch takes a free slot or an unprotected one, else it is dropped."""
+    runner = runner_with_slots(tiny_moe_dir("mixtral"), slots=2)
+    store = runner.model.expert_store
+    layer = store.layers()[0]
+    assert store.prefetch_experts(layer, [0, 1]) == [0, 1]
+    store.wait_loads()
+    # both slots hold experts the caller still expects: nothing may be evicted for 2
+    assert store.prefetch_experts(layer, [2], protect=[0, 1]) == []
+    assert store.resident(layer) == [0, 1]
+    # with 1 unprotected, expert 2 replaces it
+    assert store.prefetch_experts(layer, [2], protect=[0]) == [2]
+    store.wait_loads()
+    assert store.resident(layer) == [0, 2]
+    assert_baseline(store)
+    store.close()

@@ -109,6 +109,8 @@ def test_every_predictor_changes_nothing(tiny_moe_dir, spec) -> None:
             figs = info["moe_prefetch"]
             assert figs["predictor"] == name
             assert 0.0 <= figs["total"]["recall"] <= 1.0
-            assert figs["total"]["uses"] > 0 and figs["total"]["fetched"] > 0, figs["total"]
+            assert figs["total"]["uses"] > 0, figs["total"]
+            if name in ("layer_ahead", "ensemble"):  # routers see new rows: loads happen
+                assert figs["total"]["fetched"] > 0, figs["total"]
             assert set(figs["layers"]) == {str(i) for i in store.layers()}
         store.close()
