@@ -1,0 +1,223 @@
+"""Adaptive speculation on the real Qwen pair: fallback, HYBRID drafting and the cost model.
+
+Part 1, three documents (batch 1, greedy): legal prose, a table-heavy contract and a
+document whose register shifts (scripts/build_adversarial_docs.py), each cut so that the
+model continues it. Settings, side by side in one run:
+  plain            plain decoding
+  spec             STANDALONE chain, speculation at every step (no fallback, no cost model)
+  spec+fallback    the same with per-request fallback (window 50, threshold 0.5, re-probe 100)
+  hybrid+fallback  HYBRID (n-gram + draft model under one budget) with fallback
+Part 2, concurrency sweep on prose (1, 4, 16 requests at once): plain, spec without and
+with the cost model. Reported: decode tokens/s, ratios to plain, acceptance, fallbacks;
+per-step acceptance traces with the switch points go to the JSON and a plot.
+
+    python benchmark/adaptive_spec/bench_adaptive.py --new-tokens 96
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(_ROOT, "benchmark"))
+sys.path.insert(0, os.path.join(_ROOT, "python"))
+sys.path.insert(0, os.path.join(_ROOT, "scripts"))
+from common import machine_info, save  # noqa: E402
+
+SPEC = dict(speculative_algorithm="STANDALONE", speculative_num_steps=4, speculative_eagle_topk=1)
+NO_ADAPT = dict(speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
+FALLBACK = dict(speculative_disable_cost_model=True, speculative_fallback_threshold=0.5,
+                speculative_fallback_window=50, speculative_reprobe_interval=100)
+SETTINGS = {
+    "plain": {},
+    "spec": {**SPEC, **NO_ADAPT},
+    "spec+fallback": {**SPEC, **FALLBACK},
+    "hybrid+fallback": {**SPEC, **FALLBACK, "speculative_algorithm": "HYBRID",
+                        "speculative_num_draft_tokens": 8},
+}
+SWEEP = {
+    "plain": {},
+    "spec": {**SPEC, **NO_ADAPT},
+    "spec+cost_model": {**SPEC, "speculative_disable_cost_model": False,
+                        "speculative_fallback_threshold": 0.5},
+}
+
+
+def documents(tokenizer, prompt_tokens: int) -> Dict[str, List[int]]:
+    """name -> prompt ids: the document cut inside the register the name promises."""
+    import tempfile
+
+    import build_adversarial_docs as adv
+    from common import legal_text
+
+    out = {}
+    prose = tokenizer(legal_text(), add_special_tokens=False)["input_ids"]
+    out["prose"] = prose[:prompt_tokens]
+    folder = tempfile.mkdtemp(prefix="adversarial_")
+    index = adv.build(folder, seed=7, table_rows=60)
+    table = open(os.path.join(folder, "table_contract.txt")).read()
+    ids = tokenizer(table, add_special_tokens=False)["input_ids"]
+    out["table_contract"] = ids[:prompt_tokens]  # cut inside the schedules
+    shifting = open(os.path.join(folder, "shifting_register.txt")).read()
+    first_table_end = [s for s in index["shifting_register"]["spans"] if s["kind"] == "table"][0]["end"]
+    # prose, a table, then a few words of prose: the continuation switches register
+    cut = shifting[: first_table_end + 200]
+    ids = tokenizer(cut, add_special_tokens=False)["input_ids"]
+    out["shifting_register"] = ids[-prompt_tokens:]
+    return out
+
+
+def run(target: str, draft: str, prompts: List[List[int]], n_new: int, dtype: str,
+        extra: Dict[str, Any]) -> Dict[str, Any]:
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    kw: Dict[str, Any] = dict(model_path=target, dtype=dtype, max_total_tokens=16384, **extra)
+    if extra.get("speculative_algorithm"):
+        kw["speculative_draft_model_path"] = draft
+    sched = Scheduler(ServerArgs(**kw))
+    trace: List[Dict[str, Any]] = []
+    switches: Dict[str, list] = {}
+    spec = sched.spec
+    if spec is not None:  # benchmark instrumentation: per-step acceptance and switches
+        record, forget = spec.record, spec.forget
+
+        def traced_record(req, offered, accepted, emitted):
+            trace.append({"rid": req.rid, "token": len(req.output_ids), "offered": offered,
+                          "accepted": accepted, "emitted": emitted})
+            return record(req, offered, accepted, emitted)
+
+        def traced_forget(req):
+            ctl = spec.controllers.get(req.rid)
+            if ctl is not None:
+                switches[req.rid] = list(ctl.switches)
+            return forget(req)
+
+        spec.record, spec.forget = traced_record, traced_forget
+    sp = SamplingParams.from_dict({"max_new_tokens": n_new, "temperature": 0, "ignore_eos": True})
+    for i, p in enumerate(prompts):
+        sched.add_request(TokenizedGenerateReqInput(rid=str(i), input_ids=p, sampling_params=sp))
+    tokens: Dict[str, List[int]] = {}
+    metas: Dict[str, dict] = {}
+    t_first = None
+    while not sched.is_idle():
+        for u in sched.step():
+            tokens.setdefault(u.rid, []).extend(u.new_output_ids)
+            if u.finished_reason is not None:
+                metas[u.rid] = u.extra_meta or {}
+        if t_first is None and sched.running and all(r.output_ids for r in sched.running):
+            t_first = time.perf_counter()  # every prompt prefilled: decoding starts here
+    decode_s = time.perf_counter() - t_first
+    total = sum(len(t) - 1 for t in tokens.values())
+    out = {"tok_s": total / decode_s, "decode_s": decode_s,
+           "tokens": [tokens[str(i)] for i in range(len(prompts))],
+           "trace": trace, "switches": switches,
+           "fallbacks": sum(m.get("spec_fallback_count", 0) for m in metas.values()),
+           "accept_length": (sum(m.get("spec_accept_length", 0) for m in metas.values())
+                             / len(metas) if spec is not None else None)}
+    offered = sum(t["offered"] for t in trace)
+    out["accept_rate"] = sum(t["accepted"] for t in trace) / offered if offered else None
+    if spec is not None and "spec_drafter_weights" in next(iter(metas.values()), {}):
+        out["drafter_weights"] = {rid: m["spec_drafter_weights"] for rid, m in metas.items()}
+    sched.abort("", "benchmark done")
+    return out
+
+
+def plot_traces(path: str, results: Dict[str, Dict[str, Any]]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    docs = sorted({k.split(" | ")[0] for k in results})
+    fig, axes = plt.subplots(len(docs), 1, figsize=(9, 2.6 * len(docs)), squeeze=False)
+    for ax, doc in zip(axes[:, 0], docs):
+        for setting in ("spec", "spec+fallback", "hybrid+fallback"):
+            r = results.get(f"{doc} | {setting}")
+            if not r or not r["trace"]:
+                continue
+            xs, ys = [], []
+            for t in r["trace"]:
+                if t["offered"]:
+                    xs.append(t["token"])
+                    ys.append(t["accepted"] / t["offered"])
+            ax.plot(xs, ys, ".-", label=setting, alpha=0.7)
+            for token, mode in r["switches"].get("0", []):
+                ax.axvline(token, color="red" if mode == "plain" else "green", ls=":", alpha=0.6)
+        ax.set_title(f"{doc}: per-step acceptance (red: fall back, green: speculate again)",
+                     fontsize=9)
+        ax.set_ylim(-0.05, 1.05)
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("output token")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompt-tokens", type=int, default=768)
+    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--sweep-new-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--skip-sweep", action="store_true")
+    args = ap.parse_args()
+
+    import torch
+
+    from sglang.srt.model_loader.loader import load_tokenizer
+    from sglang.test.real_assets import qwen_pair
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    pair = qwen_pair()
+    if pair is None:
+        raise SystemExit("the Qwen pair is missing: run scripts/fetch_real_models.py")
+    draft, target = pair
+    tok = load_tokenizer(target)
+    docs = documents(tok, args.prompt_tokens)
+    results: Dict[str, Dict[str, Any]] = {}
+    ratios: Dict[str, float] = {}
+    for doc, prompt in docs.items():
+        for name, extra in SETTINGS.items():
+            r = run(target, draft, [prompt], args.new_tokens, args.dtype, extra)
+            results[f"{doc} | {name}"] = r
+            base = results[f"{doc} | plain"]["tok_s"]
+            ratios[f"{doc} | {name}"] = r["tok_s"] / base
+            acc = f" accept {r['accept_rate']:.2f}" if r["accept_rate"] is not None else ""
+            print(f"{doc:18s} {name:16s} {r['tok_s']:6.2f} tok/s  {r['tok_s'] / base:5.2f}x plain"
+                  f"{acc} fallbacks {r['fallbacks']}", flush=True)
+    sweep: Dict[str, Dict[str, Any]] = {}
+    if not args.skip_sweep:
+        for n in (int(c) for c in args.concurrency.split(",")):
+            prompts = [docs["prose"][i * 16 :] for i in range(n)]  # distinct prompts
+            for name, extra in SWEEP.items():
+                r = run(target, draft, prompts, args.sweep_new_tokens, args.dtype, extra)
+                r.pop("trace")
+                sweep[f"{n} | {name}"] = r
+                best = max(sweep.get(f"{n} | plain", r)["tok_s"], sweep.get(f"{n} | spec", r)["tok_s"])
+                print(f"concurrency {n:2d} {name:16s} {r['tok_s']:6.2f} tok/s "
+                      f"({r['tok_s'] / best:4.2f}x the better of plain/spec so far)", flush=True)
+    same = {k: v["tokens"] == results[k.split(" | ")[0] + " | plain"]["tokens"]
+            for k, v in results.items()}
+    print("same tokens as plain:", same)
+    payload = {"target": os.path.basename(target), "draft": os.path.basename(draft),
+               "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
+               "new_tokens": args.new_tokens, "machine": machine_info(),
+               "ratios_to_plain": ratios, "same_tokens_as_plain": same,
+               "results": results, "sweep": sweep}
+    out = save("adaptive_spec", payload)
+    plot_traces(out[:-5] + ".png", results)
+    print("saved", out)
+
+
+if __name__ == "__main__":
+    main()
