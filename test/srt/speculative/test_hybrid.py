@@ -102,3 +102,33 @@ def test_hybrid_is_lossless(tiny_llama_dir, tiny_draft_dir, draft, batch) -> Non
             assert weights["model"] >= weights["ngram"]
             assert upd.extra_meta["spec_accept_length"] > 1.5
     sched.check_all_free()
+
+
+def test_draft_model_sits_out_while_ngrams_carry_the_text() -> None:
+    """Once the n-grams carry a request (model weight at the floor), the draft model is
+    asked only every `probe_every` steps; a request with no n-gram match always asks it."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.drafters.base import Drafter
+    from sglang.srt.speculative.drafters.hybrid import HybridDrafter
+    from sglang.srt.speculative.drafters.ngram import NgramDrafter
+
+    class Counting(Drafter):  # a stand-in draft model that proposes nothing
+        def __init__(self):
+            self.asked = []
+
+        def propose(self, reqs, budgets, depth=None):
+            self.asked.append([r.rid for r in reqs])
+            return [None] * len(reqs)
+
+    model = Counting()
+    hybrid = HybridDrafter(NgramDrafter(max_depth=4), model, probe_every=4)
+    copied = SimpleNamespace(rid="copied", fill_ids=[5, 6, 7, 8, 9] * 4)
+    fresh = SimpleNamespace(rid="fresh", fill_ids=[1, 2, 3, 4])
+    for _ in range(30):
+        hybrid.weights.setdefault("copied", DrafterWeights()).update({"ngram": 4, "model": 0})
+    for _ in range(8):
+        hybrid.propose([copied, fresh], [5, 5])
+    asked_copied = sum("copied" in a for a in model.asked)
+    assert asked_copied == 2  # probes on steps 4 and 8 only
+    assert all("fresh" in a for a in model.asked) and len(model.asked) == 8

@@ -34,6 +34,7 @@ class DrafterWeights:
     ema: Dict[str, float] = dataclasses.field(default_factory=lambda: {n: 1.0 for n in NAMES})
     alpha: float = 0.3
     floor: float = 0.05  # a drafter out of favour still gets a few nodes: it can come back
+    skipped: int = 0  # steps the draft model sat out in a row
 
     def update(self, credit: Dict[str, int]) -> None:
         for name in NAMES:
@@ -84,16 +85,25 @@ def merge_trees(root: int, trees: Dict[str, Optional[DraftTree]], weights: Dict[
 
 
 class HybridDrafter(Drafter):
-    def __init__(self, ngram: Drafter, model: Drafter) -> None:
+    def __init__(self, ngram: Drafter, model: Drafter, probe_every: int = 8) -> None:
         self.ngram, self.model = ngram, model
+        self.probe_every = probe_every  # steps between draft-model probes while skipped
         self.weights: Dict[str, DrafterWeights] = {}
         self.origins: Dict[str, List[frozenset]] = {}  # rid -> origins of its last tree
         self.last_weights: Dict[str, DrafterWeights] = {}  # of released requests (bounded)
 
     def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
-        model_trees = self.model.propose(reqs, budgets, depth)
         # n-grams are cheap and can see further than the draft's steps: their own depth
         ngram_trees = self.ngram.propose(reqs, budgets, None)
+        # The draft model costs forwards: skip it for a request whose text the n-grams have
+        # been carrying (its weight at the floor), except for a probe every few steps. Its
+        # KV catches up on the skipped tokens at the next call (one extend, not decodes).
+        ask = [i for i, (r, nt) in enumerate(zip(reqs, ngram_trees)) if self._wants_model(r, nt)]
+        model_trees: List[Optional[DraftTree]] = [None] * len(reqs)
+        if ask:
+            got = self.model.propose([reqs[i] for i in ask], [budgets[i] for i in ask], depth)
+            for i, tree in zip(ask, got):
+                model_trees[i] = tree
         out: List[Optional[DraftTree]] = []
         for req, budget, mt, nt in zip(reqs, budgets, model_trees, ngram_trees):
             if mt is None and nt is None:
@@ -106,6 +116,19 @@ class HybridDrafter(Drafter):
             self.origins[req.rid] = origins
             out.append(tree)
         return out
+
+    def _wants_model(self, req, ngram_tree: Optional[DraftTree]) -> bool:
+        w = self.weights.get(req.rid)
+        if ngram_tree is None or len(ngram_tree) < 2 or w is None:
+            return True
+        if w.weights()["model"] > 2 * w.floor:
+            w.skipped = 0
+            return True
+        w.skipped += 1
+        if w.skipped >= self.probe_every:
+            w.skipped = 0
+            return True
+        return False
 
     def on_verified(self, req, path: List[int]) -> None:
         """Credit each drafter with the accepted draft nodes (path[1:]) it proposed."""
