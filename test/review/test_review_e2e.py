@@ -5,7 +5,6 @@ speculation) gives the same answers and reports acceptance."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -18,6 +17,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 import sglang as sgl
+from sglang.test.fixtures import load_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": os.path.join(REPO, "python")}
@@ -35,10 +35,7 @@ def server(tiny_llama_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Tuple[str, str]:
     """3 real licence texts (cut to ~500 chars) and 2 questions: 6 records."""
-    spec = importlib.util.spec_from_file_location(
-        "build_legal_corpus", os.path.join(REPO, "scripts", "build_legal_corpus.py"))
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
+    builder = load_script("build_legal_corpus")
     out = tmp_path_factory.mktemp("corpus")
     builder.build(str(out), max_chars=500, max_docs=3, only=["common"])
     questions = out / "q2.txt"

@@ -3,7 +3,6 @@ summary, and the corpus builder."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,16 +14,13 @@ from sglang.review.inputs import load_documents, load_program, load_questions
 from sglang.review.program import acceptance_of
 from sglang.review.store import ResultStore
 from sglang.review.summary import format_summary, summarize
+from sglang.test.fixtures import load_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load_corpus_builder():
-    spec = importlib.util.spec_from_file_location(
-        "build_legal_corpus", os.path.join(REPO, "scripts", "build_legal_corpus.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("build_legal_corpus")
 
 
 def rec(doc, q, **kw):

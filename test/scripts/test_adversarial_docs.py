@@ -3,20 +3,14 @@ seed rebuilds them byte for byte, and the tables' figures really are unpredictab
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sglang.test.fixtures import load_script
 
 
 def load_builder():
-    spec = importlib.util.spec_from_file_location(
-        "build_adversarial_docs", os.path.join(REPO, "scripts", "build_adversarial_docs.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("build_adversarial_docs")
 
 
 def test_structure_and_determinism(tmp_path) -> None:
@@ -31,7 +25,6 @@ def test_structure_and_determinism(tmp_path) -> None:
         assert text != (tmp_path / "c" / f"{name}.txt").read_text()
         spans = index[name]["spans"]
         assert spans[0]["start"] == 0 and spans[-1]["end"] == len(text) == index[name]["chars"]
-        kinds = [s["kind"] for s in spans]
         tables = [text[s["start"] : s["end"]] for s in spans if s["kind"] == "table"]
         # table text is dense with figures; no invoice reference repeats
         for t in tables:

@@ -145,3 +145,12 @@ def build_tiny_gguf(hf_dir: str, out_path: str, qtype: str = "F32") -> str:
     writer.write_tensors_to_file()
     writer.close()
     return out_path
+
+
+def load_script(name: str):
+    """The module of `scripts/<name>.py` in this checkout (scripts are not a package)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(repo, "scripts", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -4,23 +4,18 @@ computes the dense MLP; a fitted router routes better than chance."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 
 import pytest
 import torch
 
+from sglang.test.fixtures import load_script
 from sglang.test.harness import TinyRunner
 
-_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts", "build_moe_fixtures.py")
 
 
 @pytest.fixture(scope="module")
 def builder():
-    spec = importlib.util.spec_from_file_location("build_moe_fixtures", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("build_moe_fixtures")
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
