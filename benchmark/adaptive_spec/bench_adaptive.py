@@ -180,6 +180,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--only-sweep", action="store_true",
+                    help="run part 2 only (saved as adaptive_spec_sweep.json)")
     args = ap.parse_args()
 
     import torch
@@ -196,7 +198,7 @@ def main() -> None:
     docs = documents(tok, args.prompt_tokens)
     results: Dict[str, Dict[str, Any]] = {}
     ratios: Dict[str, float] = {}
-    for doc, prompt in docs.items():
+    for doc, prompt in ([] if args.only_sweep else docs.items()):
         for name, extra in SETTINGS.items():
             r = run(target, draft, [prompt], args.new_tokens, args.dtype, extra)
             results[f"{doc} | {name}"] = r
@@ -224,8 +226,9 @@ def main() -> None:
                "new_tokens": args.new_tokens, "machine": machine_info(),
                "ratios_to_plain": ratios, "same_tokens_as_plain": same,
                "results": results, "sweep": sweep}
-    out = save("adaptive_spec", payload)
-    plot_traces(out[:-5] + ".png", results)
+    out = save("adaptive_spec_sweep" if args.only_sweep else "adaptive_spec", payload)
+    if results:
+        plot_traces(out[:-5] + ".png", results)
     print("saved", out)
 
 

@@ -87,26 +87,38 @@ def test_cost_model_turns_speculation_off_where_plain_is_faster():
     depth = lambda b: b - 1
     # Verifying costs grow steeply with tokens (a CPU without fast small GEMMs).
     cost = {1: 0.010, 2: 0.030, 4: 0.060}
-    for _ in range(3):
+    for _ in range(cm.min_samples * 3):  # every option measured min_samples times
         b = cm.choose([0.6], depth)
         cm.observe(1, b, cost[b])
     assert cm.choose([0.6], depth) == 1
     # The same acceptance with cheap verification: speculation wins.
     cm2 = CostModel([1, 2, 4])
     cheap = {1: 0.010, 2: 0.011, 4: 0.012}
-    for _ in range(3):
+    for _ in range(cm2.min_samples * 3):
         b = cm2.choose([0.6], depth)
         cm2.observe(1, b, cheap[b])
     assert cm2.choose([0.6], depth) == 4
 
 
+def test_cost_model_is_not_fooled_by_a_one_off_slow_sample():
+    """The first plain step of a batch is slow once (say, allocations): the model measures
+    again and keeps the fast sample, so it does not keep speculating where plain wins."""
+    cm = CostModel([1, 4])
+    depth = lambda b: b - 1
+    samples = {1: [0.100, 0.010], 4: [0.040, 0.040]}  # plain: one-off 10x outlier first
+    for _ in range(4):
+        b = cm.choose([0.3], depth)
+        cm.observe(1, b, samples[b].pop(0))
+    assert cm.choose([0.3], depth) == 1  # 1 token / 10 ms beats ~1.4 tokens / 40 ms
+
+
 def test_cost_model_explores_each_budget_and_per_batch_size():
     cm = CostModel([1, 3])
     seen = []
-    for _ in range(2):
+    for _ in range(2 * cm.min_samples):
         b = cm.choose([0.5, 0.5], lambda b: b - 1)
         seen.append(b)
         cm.observe(2, b, 0.01)
-    assert sorted(seen) == [1, 3]
+    assert sorted(seen) == [1] * cm.min_samples + [3] * cm.min_samples
     # A new batch size is explored afresh.
     assert cm.choose([0.5] * 8, lambda b: b - 1) == 1

@@ -116,10 +116,16 @@ class CostModel:
     """Moving averages of step time per (batch size, budget); picks the budget with the
     highest expected tokens per second. Budget 1 means plain decoding (the root only)."""
 
-    def __init__(self, budgets: Sequence[int], alpha: float = 0.3, explore_every: int = 200) -> None:
+    def __init__(self, budgets: Sequence[int], alpha: float = 0.3, explore_every: int = 200,
+                 min_samples: int = 2) -> None:
         self.budgets = sorted(set(b for b in budgets if b >= 1) | {1})
         self.alpha = alpha
         self.explore_every = explore_every
+        # Each option is measured this many times before the model trusts it, keeping the
+        # fastest sample: a one-off cost (an allocation, a draft catching up on a prompt)
+        # in the only sample of an option that is then never chosen would never be corrected.
+        self.min_samples = min_samples
+        self.counts: Dict[Tuple[int, int], int] = {}
         self.times: Dict[Tuple[int, int], float] = {}
         self.last_seen: Dict[Tuple[int, int], int] = {}
         self.step = 0
@@ -131,16 +137,23 @@ class CostModel:
     def observe(self, bs: int, budget: int, seconds: float) -> None:
         key = (self._bucket(bs), budget)
         old = self.times.get(key)
-        self.times[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        n = self.counts.get(key, 0)
+        if old is None:
+            self.times[key] = seconds
+        elif n < self.min_samples:
+            self.times[key] = min(old, seconds)
+        else:
+            self.times[key] = (1 - self.alpha) * old + self.alpha * seconds
+        self.counts[key] = n + 1
         self.last_seen[key] = self.step
 
     def choose(self, rates: Sequence[float], depth_of) -> int:
         """Budget for this step; `depth_of(budget)` is the tree depth a budget gives."""
         self.step += 1
         bs = self._bucket(len(rates))
-        unseen = [b for b in self.budgets if (bs, b) not in self.times]
-        if unseen:
-            return unseen[0]  # measure every option once
+        unseen = [b for b in self.budgets if self.counts.get((bs, b), 0) < self.min_samples]
+        if unseen:  # measure every option (min_samples times), least measured first
+            return min(unseen, key=lambda b: self.counts.get((bs, b), 0))
         stale = min(self.budgets, key=lambda b: self.last_seen[(bs, b)])
         if self.step - self.last_seen[(bs, stale)] > self.explore_every:
             return stale  # timings drift (context grows): re-measure now and then

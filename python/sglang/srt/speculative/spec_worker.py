@@ -207,6 +207,17 @@ class SpecWorker:
         self.total_verify_ct += 1
         self.total_accepted_tokens += emitted
 
+    def after_prefill(self, reqs) -> None:
+        """Requests whose prompt the target has just finished: catch the draft up on it
+        now, as upstream runs the draft's extend with the target's prefill. The cost lands
+        in time to first token, where it belongs, and not in the first speculative step
+        (which would also mislead the cost model's step times)."""
+        if self.kv_drafter is None:
+            return
+        for req in reqs:
+            if self.eligible(req) and self.controller(req).should_speculate():
+                self.kv_drafter.warm(req, req.kv_len)
+
     def end_step(self, batch_size: int, had_prefill: bool) -> None:
         """Feed the cost model with a pure decode step's wall time."""
         if self.cost_model is not None and batch_size and not had_prefill:
