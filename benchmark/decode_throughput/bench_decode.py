@@ -96,17 +96,29 @@ def run_hf(path: str, contexts: List[int], n_new: int, dtype: str) -> Dict[int, 
     print(f"  transformers loaded in {time.perf_counter() - t:.1f}s", flush=True)
     tok = load_tokenizer(path)
     out = {}
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Stamps(StoppingCriteria):
+        """Called once per generated token: its times give TTFT and the decode rate from
+        one run (two runs' difference went negative when prefill times varied)."""
+
+        def __init__(self) -> None:
+            self.times: List[float] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
     for ctx in contexts:
         ids = torch.tensor([prompt_ids(tok, ctx)])
-        kw = dict(do_sample=False, pad_token_id=tok.eos_token_id)
+        stamps = Stamps()
+        kw = dict(do_sample=False, pad_token_id=tok.eos_token_id,
+                  stopping_criteria=StoppingCriteriaList([stamps]))
         with torch.inference_mode():
             t = time.perf_counter()
-            model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-            t1 = time.perf_counter() - t
-            t = time.perf_counter()
             model.generate(ids, max_new_tokens=n_new, min_new_tokens=n_new, **kw)
-            tn = time.perf_counter() - t
-        out[ctx] = {"ttft_s": t1, "decode_tok_s": (n_new - 1) / max(tn - t1, 1e-9)}
+        ts = stamps.times
+        out[ctx] = {"ttft_s": ts[0] - t, "decode_tok_s": (len(ts) - 1) / (ts[-1] - ts[0])}
         print(f"  hf    ctx={ctx:6d} ttft={t1:.2f}s decode={out[ctx]['decode_tok_s']:.2f} tok/s",
               flush=True)
     del model
