@@ -119,7 +119,7 @@ def run_hf(path: str, contexts: List[int], n_new: int, dtype: str) -> Dict[int, 
             model.generate(ids, max_new_tokens=n_new, min_new_tokens=n_new, **kw)
         ts = stamps.times
         out[ctx] = {"ttft_s": ts[0] - t, "decode_tok_s": (len(ts) - 1) / (ts[-1] - ts[0])}
-        print(f"  hf    ctx={ctx:6d} ttft={t1:.2f}s decode={out[ctx]['decode_tok_s']:.2f} tok/s",
+        print(f"  hf    ctx={ctx:6d} ttft={out[ctx]['ttft_s']:.2f}s decode={out[ctx]['decode_tok_s']:.2f} tok/s",
               flush=True)
     del model
     return out
@@ -157,8 +157,18 @@ def hf_folder_for(path: str, tokenizer) -> str:
     from transformers import AutoModelForCausalLM
 
     folder, name = os.path.split(path)
+    from safetensors.torch import save_file
+
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    model.save_pretrained(out)
+    cfg = model.config
+    if hasattr(cfg, "quantization_config"):  # transformers refuses to save "gguf-quantized"
+        del cfg.quantization_config
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if getattr(cfg, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    os.makedirs(out, exist_ok=True)
+    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    cfg.save_pretrained(out)
     tokenizer.save_pretrained(out)
     del model
     return out
@@ -180,7 +190,8 @@ def run_vllm(python: str, path: str, contexts: List[int], n_new: int, dtype: str
             json.dump({str(c): prompt_ids(tokenizer, c) for c in contexts}, f)
         tok_dir = os.path.join(d, "tokenizer")  # vLLM reads GGUF weights but wants an HF tokenizer
         tokenizer.save_pretrained(tok_dir)
-        env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": "4"}
+        env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": "4",
+               "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # the last context + new tokens may pass the max
         if THREADS["n"]:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(i) for i in range(THREADS["n"]))
             env["OMP_NUM_THREADS"] = str(THREADS["n"])
