@@ -221,7 +221,8 @@ def main() -> None:
     same = {k: v["tokens"] == results[k.split(" | ")[0] + " | plain"]["tokens"]
             for k, v in results.items()}
     print("same tokens as plain:", same)
-    payload = {"target": os.path.basename(target), "draft": os.path.basename(draft),
+    payload = {"command": " ".join(sys.argv), "target": os.path.basename(target),
+               "draft": os.path.basename(draft),
                "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
                "new_tokens": args.new_tokens, "machine": machine_info(),
                "ratios_to_plain": ratios, "same_tokens_as_plain": same,

@@ -162,7 +162,8 @@ def main() -> None:
     for k, v in ratios.items():
         print(f"{k:28s} " + "  ".join(f"{a} {b:.2f}x" for a, b in v.items()))
     print("same tokens in every setting:", all(same.values()))
-    payload = {"model": args.model, "draft": os.path.basename(draft), "experts_per_layer": num_experts,
+    payload = {"command": " ".join(sys.argv), "model": args.model, "draft": os.path.basename(draft),
+               "experts_per_layer": num_experts,
                "prompt_tokens": len(prompt), "new_tokens": args.new_tokens, "steps": args.steps,
                "dtype": args.dtype, "machine": machine_info(), "same_tokens": same,
                "ratios": ratios, "results": results}
