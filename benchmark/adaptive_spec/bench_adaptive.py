@@ -72,10 +72,10 @@ def documents(tokenizer, prompt_tokens: int) -> Dict[str, List[int]]:
 
 
 def run(target: str, draft: str, prompts: List[List[int]], n_new: int, dtype: str,
-        extra: Dict[str, Any]) -> Dict[str, Any]:
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+        extra: Dict[str, Any], later_rounds: List[List[List[int]]] = ()) -> Dict[str, Any]:
+    """One scheduler; `prompts` run at once, then each of `later_rounds` (the same server,
+    so its cost model has already learned: the steady state a long-lived server is in)."""
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
 
     kw: Dict[str, Any] = dict(model_path=target, dtype=dtype, max_total_tokens=16384, **extra)
@@ -100,9 +100,29 @@ def run(target: str, draft: str, prompts: List[List[int]], n_new: int, dtype: st
             return forget(req)
 
         spec.record, spec.forget = traced_record, traced_forget
+    out = _drive(sched, prompts, n_new, "")
+    out.update(trace=trace, switches=switches)
+    offered = sum(t["offered"] for t in trace)
+    out["accept_rate"] = sum(t["accepted"] for t in trace) / offered if offered else None
+    out["rounds"] = []
+    for k, more in enumerate(later_rounds, start=1):
+        r = _drive(sched, more, n_new, f"r{k}-")
+        r.pop("tokens")
+        out["rounds"].append(r)
+    sched.abort("", "benchmark done")
+    return out
+
+
+def _drive(sched, prompts: List[List[int]], n_new: int, prefix: str) -> Dict[str, Any]:
+    """Run `prompts` at once to the end; decode tokens/s after every prompt's first decode
+    step (for speculation that step includes the draft's catch-up on the prompt)."""
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
     sp = SamplingParams.from_dict({"max_new_tokens": n_new, "temperature": 0, "ignore_eos": True})
-    for i, p in enumerate(prompts):
-        sched.add_request(TokenizedGenerateReqInput(rid=str(i), input_ids=p, sampling_params=sp))
+    rids = [f"{prefix}{i}" for i in range(len(prompts))]
+    for rid, p in zip(rids, prompts):
+        sched.add_request(TokenizedGenerateReqInput(rid=rid, input_ids=p, sampling_params=sp))
     tokens: Dict[str, List[int]] = {}
     metas: Dict[str, dict] = {}
     t0 = time.perf_counter()
@@ -117,8 +137,6 @@ def run(target: str, draft: str, prompts: List[List[int]], n_new: int, dtype: st
         if t_first is None and sched.running and all(r.output_ids for r in sched.running):
             t_first = now  # every prompt prefilled
         elif t_first is not None and t_second is None:
-            # the first decode step is over: for speculation it includes the draft's
-            # catch-up on the whole prompt (a one-time cost, reported apart)
             t_second = now
             counted = {r.rid: len(r.output_ids) for r in sched.running}
     end = time.perf_counter()
@@ -126,16 +144,12 @@ def run(target: str, draft: str, prompts: List[List[int]], n_new: int, dtype: st
     total = sum(len(t) - counted.get(rid, 0) for rid, t in tokens.items())
     out = {"tok_s": total / decode_s, "decode_s": decode_s, "e2e_s": end - t0,
            "prefill_s": t_first - t0, "first_decode_step_s": t_second - t_first,
-           "tokens": [tokens[str(i)] for i in range(len(prompts))],
-           "trace": trace, "switches": switches,
+           "tokens": [tokens[rid] for rid in rids],
            "fallbacks": sum(m.get("spec_fallback_count", 0) for m in metas.values()),
            "accept_length": (sum(m.get("spec_accept_length", 0) for m in metas.values())
-                             / len(metas) if spec is not None else None)}
-    offered = sum(t["offered"] for t in trace)
-    out["accept_rate"] = sum(t["accepted"] for t in trace) / offered if offered else None
-    if spec is not None and "spec_drafter_weights" in next(iter(metas.values()), {}):
+                             / len(metas) if sched.spec is not None else None)}
+    if sched.spec is not None and "spec_drafter_weights" in next(iter(metas.values()), {}):
         out["drafter_weights"] = {rid: m["spec_drafter_weights"] for rid, m in metas.items()}
-    sched.abort("", "benchmark done")
     return out
 
 
@@ -178,6 +192,11 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--sweep-new-tokens", type=int, default=32)
     ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--sweep-prompt-tokens", type=int, default=256,
+                    help="prompt length in the sweep (16 x 768 tokens took ~5 min to prefill)")
+    ap.add_argument("--sweep-rounds", type=int, default=2,
+                    help="batches per server: round 1 is cold (the cost model explores), "
+                         "later rounds are the steady state of a long-lived server")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--only-sweep", action="store_true",
@@ -209,15 +228,28 @@ def main() -> None:
                   f"{acc} fallbacks {r['fallbacks']}", flush=True)
     sweep: Dict[str, Dict[str, Any]] = {}
     if not args.skip_sweep:
+        prose = docs["prose"]
         for n in (int(c) for c in args.concurrency.split(",")):
-            prompts = [docs["prose"][i * 16 :] for i in range(n)]  # distinct prompts
+            # distinct prompts (no shared prefix), a fresh set per round
+            rounds = [[prose[(k * n + i) * 8:][: args.sweep_prompt_tokens] for i in range(n)]
+                      for k in range(args.sweep_rounds)]
             for name, extra in SWEEP.items():
-                r = run(target, draft, prompts, args.sweep_new_tokens, args.dtype, extra)
+                r = run(target, draft, rounds[0], args.sweep_new_tokens, args.dtype, extra,
+                        rounds[1:])
                 r.pop("trace")
+                r["rounds_tok_s"] = [r["tok_s"]] + [rr["tok_s"] for rr in r["rounds"]]
                 sweep[f"{n} | {name}"] = r
-                best = max(sweep.get(f"{n} | plain", r)["tok_s"], sweep.get(f"{n} | spec", r)["tok_s"])
-                print(f"concurrency {n:2d} {name:16s} {r['tok_s']:6.2f} tok/s "
-                      f"({r['tok_s'] / best:4.2f}x the better of plain/spec so far)", flush=True)
+                print(f"concurrency {n:2d} {name:16s} tok/s by round "
+                      + " ".join(f"{v:6.2f}" for v in r["rounds_tok_s"]), flush=True)
+            for k in range(args.sweep_rounds):
+                best = max(sweep[f"{n} | plain"]["rounds_tok_s"][k],
+                           sweep[f"{n} | spec"]["rounds_tok_s"][k])
+                for name in SWEEP:
+                    v = sweep[f"{n} | {name}"]["rounds_tok_s"][k]
+                    sweep[f"{n} | {name}"].setdefault("vs_better", []).append(v / best)
+                print(f"concurrency {n:2d} round {k + 1}: cost model "
+                      f"{sweep[f'{n} | spec+cost_model']['vs_better'][k]:.2f}x the better of "
+                      f"plain/spec", flush=True)
     same = {k: v["tokens"] == results[k.split(" | ")[0] + " | plain"]["tokens"]
             for k, v in results.items()}
     print("same tokens as plain:", same)

@@ -22,8 +22,9 @@ from typing import Any, Dict, List
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import machine_info, plot_bars, save  # noqa: E402
 
-QUESTION = ("\n\nQuestion: quote, word for word, the first paragraph of the article above "
-            "that defines when processing is lawful.\nAnswer: \"")
+# Every context holds Article 2 (it starts ~250 tokens in), so the answer can quote it.
+QUESTION = ("\n\nQuestion: quote, word for word, paragraph 1 of Article 2 (Material scope) "
+            "of the text above.\nAnswer: \"")
 
 CONFIGS = {
     "plain": {},
@@ -34,6 +35,8 @@ CONFIGS = {
     "standalone_tree4": dict(speculative_algorithm="STANDALONE", speculative_num_steps=3,
                              speculative_eagle_topk=4, speculative_num_draft_tokens=10),
     "ngram": dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=10),
+    "ngram_chain": dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=10,
+                        speculative_ngram_max_bfs_breadth=1),
     "ngram_adaptive": dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=10,
                            speculative_disable_cost_model=False,
                            speculative_fallback_threshold=0.5),
@@ -120,30 +123,123 @@ def run_config(name: str, target: str, draft: str, prompts: Dict[int, List[int]]
 
 def run_hf_peers(target: str, draft: str, prompts: Dict[int, List[int]], n_new: int,
                  dtype: str) -> Dict[str, Dict[int, float]]:
+    """transformers plain, assisted (0.5B draft) and prompt-lookup decoding, decode tok/s.
+
+    Timing: a stopping criterion stamps (time, length) after every generate iteration (an
+    assisted iteration adds several tokens); rate = tokens after the first iteration / time
+    after it, so prefill is excluded as in our figures. The target's prompt KV is computed
+    once per context in float32 and handed over as bf16 (`past_key_values`): torch's bf16
+    GEMM runs at ~18 GFLOPS on this AVX2 CPU (fp32: ~120), so a bf16 prefill of 4K tokens
+    would take ~11 minutes per run. Decoding itself runs in `dtype`, as the peer would."""
+    import copy
+
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
 
     tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
 
-    def load(path):
+    def load(path, dt):
         folder, name = os.path.split(path)
-        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=tdtype).eval()
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dt).eval()
 
-    tgt, dft = load(target), load(draft)
+    class Stamps(StoppingCriteria):
+        def __init__(self) -> None:
+            self.marks: List[tuple] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.marks.append((time.perf_counter(), input_ids.shape[1]))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    tgt = load(target, torch.float32)
+    dft = load(draft, tdtype)
+    caches = {}
+    for ctx, ids in prompts.items():
+        with torch.inference_mode():
+            t = time.perf_counter()
+            caches[ctx] = tgt(torch.tensor([ids[:-1]]), use_cache=True).past_key_values
+            print(f"  hf fp32 prefill ctx={ctx}: {time.perf_counter() - t:.1f}s", flush=True)
+        for layer in caches[ctx].layers:
+            layer.keys, layer.values = layer.keys.to(tdtype), layer.values.to(tdtype)
+    tgt = tgt.to(tdtype)
     out: Dict[str, Dict[int, float]] = {"hf_plain": {}, "hf_assisted": {}, "hf_prompt_lookup": {}}
     for ctx, ids in prompts.items():
         x = torch.tensor([ids])
         for key, extra in (("hf_plain", {}), ("hf_assisted", {"assistant_model": dft}),
                            ("hf_prompt_lookup", {"prompt_lookup_num_tokens": 10})):
+            stamps = Stamps()
             with torch.inference_mode():
-                t = time.perf_counter()
-                tgt.generate(x, max_new_tokens=1, do_sample=False, **extra)
-                t1 = time.perf_counter() - t
-                t = time.perf_counter()
-                tgt.generate(x, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, **extra)
-                tn = time.perf_counter() - t
-            out[key][ctx] = (n_new - 1) / max(tn - t1, 1e-9)
-            print(f"  {key:17s} ctx={ctx:6d} {out[key][ctx]:.2f} tok/s", flush=True)
+                tgt.generate(x, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                             past_key_values=copy.deepcopy(caches[ctx]),
+                             stopping_criteria=StoppingCriteriaList([stamps]), **extra)
+            (t0, n0), (t1, n1) = stamps.marks[0], stamps.marks[-1]
+            out[key][ctx] = (n1 - n0) / max(t1 - t0, 1e-9)
+            print(f"  {key:17s} ctx={ctx:6d} {out[key][ctx]:.2f} tok/s "
+                  f"({len(stamps.marks)} iterations)", flush=True)
+    return out
+
+
+VLLM_SCRIPT = r'''
+import json, sys, time
+if __name__ == "__main__":
+    path, tok_dir, ids_file, n_new, dtype = sys.argv[1:6]
+    n_new = int(n_new)
+    from vllm import LLM, SamplingParams
+    prompts = {int(k): v for k, v in json.load(open(ids_file)).items()}
+    spec = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
+    llm = LLM(model=path, tokenizer=tok_dir, dtype=dtype, max_model_len=max(map(len, prompts.values())) + n_new + 16,
+              speculative_config=spec)
+    sp1 = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    spn = SamplingParams(max_tokens=n_new, temperature=0, ignore_eos=True)
+    out = {}
+    for ctx, ids in prompts.items():
+        p = {"prompt_token_ids": ids}
+        llm.generate([p], sp1, use_tqdm=False)  # prefill; prefix caching keeps it
+        t = time.perf_counter(); llm.generate([p], sp1, use_tqdm=False); t1 = time.perf_counter() - t
+        t = time.perf_counter(); llm.generate([p], spn, use_tqdm=False); tn = time.perf_counter() - t
+        out[ctx] = (n_new - 1) / max(tn - t1, 1e-9)
+    print("RESULT " + json.dumps(out))
+'''
+
+
+def run_vllm(python: str, target: str, prompts: Dict[int, List[int]], n_new: int,
+             dtype: str) -> Dict[str, Dict[int, float]]:
+    """vLLM CPU plain and n-gram drafting (k=10) on the same weights and prompts, in its own
+    environment (a subprocess of `python`)."""
+    import json
+    import subprocess
+    import tempfile
+
+    from sglang.srt.model_loader.loader import load_tokenizer
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "decode_throughput"))
+    from bench_decode import hf_folder_for  # vLLM 0.32 cannot read a GGUF config
+
+    tok = load_tokenizer(target)
+    folder = hf_folder_for(target, tok)
+    out: Dict[str, Dict[int, float]] = {}
+    with tempfile.TemporaryDirectory() as d:
+        script, ids_file = os.path.join(d, "run_vllm.py"), os.path.join(d, "ids.json")
+        with open(script, "w") as f:
+            f.write(VLLM_SCRIPT)
+        with open(ids_file, "w") as f:
+            json.dump({str(c): ids for c, ids in prompts.items()}, f)
+        env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": "4",
+               "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+        for key, spec in (("vllm_plain", None),
+                          ("vllm_ngram", {"method": "ngram", "num_speculative_tokens": 10,
+                                          "prompt_lookup_max": 4, "prompt_lookup_min": 2})):
+            argv = [python, script, folder, folder, ids_file, str(n_new), dtype]
+            if spec:
+                argv.append(json.dumps(spec))
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
+            got = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if not got:
+                print(f"  {key} failed:\n" + proc.stderr[-3000:], flush=True)
+                continue
+            out[key] = {int(k): v for k, v in json.loads(got[0][7:]).items()}
+            for ctx, v in out[key].items():
+                print(f"  {key:17s} ctx={ctx:6d} {v:.2f} tok/s", flush=True)
     return out
 
 
@@ -152,8 +248,12 @@ def main() -> None:
     ap.add_argument("--contexts", default="1024,4096")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--target", default="1.5b", choices=["1.5b", "0.5b"],
+                    help="0.5b: the n-gram comparison with vLLM (no smaller draft model here)")
+    ap.add_argument("--configs", default=None, help="default: all that fit the target")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu")
+    ap.add_argument("--out", default=None, help="results name (default spec_decode_<target>)")
     args = ap.parse_args()
     from sglang.srt.model_loader.loader import load_tokenizer
     from sglang.test.real_assets import legal_text, qwen_pair
@@ -162,6 +262,10 @@ def main() -> None:
     if not pair:
         sys.exit("Real models missing: run scripts/fetch_real_models.py")
     draft, target = pair
+    if args.target == "0.5b":
+        target = draft
+    names = args.configs.split(",") if args.configs else [
+        n for n in CONFIGS if args.target == "1.5b" or "standalone" not in n]
     tok = load_tokenizer(target)
     doc = tok(legal_text("gdpr"), add_special_tokens=False)["input_ids"]
     q = tok(QUESTION, add_special_tokens=False)["input_ids"]
@@ -172,8 +276,8 @@ def main() -> None:
     print(f"machine {info}\ntarget {target}\ndraft {draft}", flush=True)
     results: Dict[str, Any] = {"machine": info, "target": target, "draft": draft,
                                "dtype": args.dtype, "new_tokens": args.new_tokens,
-                               "command": " ".join(sys.argv), "configs": {}}
-    for name in args.configs.split(","):
+                               "question": QUESTION, "command": " ".join(sys.argv), "configs": {}}
+    for name in names:
         results["configs"][name] = run_config(name, target, draft, prompts, args.new_tokens, args.dtype)
     plain = results["configs"].get("plain")
     if plain:
@@ -182,25 +286,38 @@ def main() -> None:
                 p = plain[ctx]
                 row["speedup"] = row["tok_s"] / p["tok_s"]
                 step = p["verify_s_per_step"]
+                # what acceptance and step costs allow, in plain steps: the engine's own
+                # overhead (scheduling, tree building, KV moves) is the gap to this
                 row["ceiling"] = row["accept_length"] * step / max(
                     row["draft_s_per_step"] + row["verify_s_per_step"], 1e-9)
                 row["agrees_with_plain"] = row["tokens"] == p["tokens"]
                 row["first_divergence"] = next(
                     (i for i, (a, b) in enumerate(zip(row["tokens"], p["tokens"])) if a != b), None)
+    peers: Dict[str, Dict[int, float]] = {}
     if not args.skip_hf:
-        results["peers"] = run_hf_peers(target, draft, prompts, args.new_tokens, args.dtype)
+        peers.update(run_hf_peers(target, draft, prompts, args.new_tokens, args.dtype)
+                     if args.target == "1.5b" else {})
+    if args.vllm_python:
+        peers.update(run_vllm(args.vllm_python, target, prompts, args.new_tokens, args.dtype))
+    results["peers"] = peers
     for name, per_ctx in results["configs"].items():
         for ctx, row in per_ctx.items():
             row.pop("tokens", None)
+            vs = {k: row["tok_s"] / v[ctx] for k, v in peers.items() if v.get(ctx)}
+            row["vs_peers"] = vs
             print(f"{name:17s} ctx={ctx:6d} {row['tok_s']:.2f} tok/s speedup "
                   f"{row.get('speedup', 1):.2f}x (ceiling {row.get('ceiling', 1):.2f}x) accept "
-                  f"{row['accept_length']:.2f} same-as-plain={row.get('agrees_with_plain')}")
-    out = save("spec_decode", results)
+                  f"{row['accept_length']:.2f} same-as-plain={row.get('agrees_with_plain')} "
+                  f"first-diff={row.get('first_divergence')} vs peers "
+                  + " ".join(f"{k}={v:.2f}x" for k, v in vs.items()))
+    for key, per in peers.items():
+        print(f"{key:17s} " + " ".join(f"ctx={c}: {v:.2f} tok/s" for c, v in per.items()))
+    out = save(args.out or f"spec_decode_{args.target}", results)
     groups = [str(c) for c in contexts]
     series = {n: [results["configs"][n][c]["tok_s"] for c in contexts] for n in results["configs"]}
-    for key, per in results.get("peers", {}).items():
+    for key, per in peers.items():
         series[key] = [per.get(c) for c in contexts]
-    plot_bars(out.replace(".json", ".png"), f"decode tok/s, Qwen 1.5B target / 0.5B draft "
+    plot_bars(out.replace(".json", ".png"), f"decode tok/s, Qwen {args.target} target "
               f"({args.dtype}, {info['cpu']})", groups, series, "tokens/s")
     print("saved", out)
 

@@ -122,3 +122,22 @@ def test_cost_model_explores_each_budget_and_per_batch_size():
     assert sorted(seen) == [1] * cm.min_samples + [3] * cm.min_samples
     # A new batch size is explored afresh.
     assert cm.choose([0.5] * 8, lambda b: b - 1) == 1
+
+
+def test_cost_model_skips_budgets_that_cannot_win():
+    """Exploration climbs from plain decoding and never measures a budget whose expected
+    tokens over a smaller budget's step time already lose to the best measured option: a
+    slow speculative step is paid as few times as possible."""
+    cm = CostModel([1, 2, 4, 5])
+    depth = lambda b: b - 1
+    cost = {1: 0.010, 2: 0.030, 4: 0.060, 5: 0.080}  # each draft token ~2 plain steps
+    seen = []
+    for _ in range(20):
+        b = cm.choose([0.3], depth)
+        seen.append(b)
+        cm.observe(1, b, cost[b])
+    assert seen[: 2 * cm.min_samples] == [1] * cm.min_samples + [2] * cm.min_samples
+    assert 4 not in seen and 5 not in seen  # 1.4 tokens / >= 30 ms cannot beat 1 / 10 ms
+    assert set(seen[2 * cm.min_samples:]) == {1}
+    # When acceptance rises, the bigger budgets may win again: they get measured.
+    assert cm.choose([0.99], depth) == 4
