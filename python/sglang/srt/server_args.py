@@ -106,6 +106,7 @@ class ServerArgs:
     speculative_num_steps: Optional[int] = None
     speculative_eagle_topk: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
+    speculative_token_map: Optional[str] = None  # the draft's hot vocabulary (file of ids)
     speculative_ngram_min_bfs_breadth: int = 1
     speculative_ngram_max_bfs_breadth: int = 10
     speculative_ngram_max_trie_depth: int = 18
@@ -176,6 +177,12 @@ class ServerArgs:
             if algo in ("STANDALONE", "HYBRID") and not self.speculative_draft_model_path:
                 raise ValueError(f"--speculative-algorithm {algo} needs "
                                  "--speculative-draft-model-path (a small model with the same tokenizer)")
+            if self.speculative_token_map and algo not in ("STANDALONE", "HYBRID"):
+                raise ValueError("--speculative-token-map limits a draft model's vocabulary: "
+                                 "it needs --speculative-algorithm STANDALONE or HYBRID")
+            if self.speculative_token_map and not os.path.isfile(self.speculative_token_map):
+                raise ValueError(f"--speculative-token-map {self.speculative_token_map!r} is "
+                                 "not a file (make one with scripts/build_token_map.py)")
             for name in ("speculative_num_steps", "speculative_eagle_topk",
                          "speculative_num_draft_tokens"):
                 value = getattr(self, name)

@@ -54,6 +54,8 @@ class StandaloneDrafter(Drafter):
         self.runner = ModelRunner(server_args, model_path=server_args.speculative_draft_model_path,
                                   max_context_len=context_len, max_total_tokens=pool)
         self.allocator = self.runner.allocator
+        if server_args.speculative_token_map:
+            self._use_token_map(server_args.speculative_token_map)
         # Retrieval scores chunks against the draft's own queries: record them on the way.
         self.recorder = QueryRecorder(self.runner.attn_backend)
         self.runner.attn_backend = self.recorder
@@ -72,6 +74,19 @@ class StandaloneDrafter(Drafter):
         self.contexts: Dict[str, DraftContext] = {}
         # Set by the spec worker: frees unlocked draft KV held by the radix cache.
         self.evict_draft: Optional[Callable[[int], int]] = None
+
+    def _use_token_map(self, path: str) -> None:
+        """Score only the map's tokens in every draft forward (speculative/token_map.py)."""
+        from sglang.srt.speculative.token_map import HotVocabHead, load_token_map
+
+        model = self.runner.model
+        head = getattr(model, "lm_head", None)
+        if head is None or not hasattr(head, "weight"):
+            raise ValueError("--speculative-token-map: the draft model has no lm_head to limit")
+        ids = load_token_map(path, head.weight.shape[0])
+        model.lm_head = HotVocabHead(head.weight, ids)
+        logger.info("Draft token map: %d of %d tokens (%s)", ids.numel(), head.weight.shape[0],
+                    path)
 
     # ------------------------------------------------------------------ radix cache seam
     def context(self, req) -> DraftContext:
