@@ -30,6 +30,10 @@ CONFIGS = {
     "plain": {},
     "standalone_chain": dict(speculative_algorithm="STANDALONE", speculative_num_steps=4,
                              speculative_eagle_topk=1),
+    # the same chain, the draft scoring only the 32K most frequent tokens of the legal corpus
+    # (GDPR held out; --speculative-token-map, built by scripts/build_token_map.py)
+    "standalone_chain_map": dict(speculative_algorithm="STANDALONE", speculative_num_steps=4,
+                                 speculative_eagle_topk=1, speculative_token_map="<legal-32k>"),
     "standalone_tree2": dict(speculative_algorithm="STANDALONE", speculative_num_steps=4,
                              speculative_eagle_topk=2, speculative_num_draft_tokens=8),
     "standalone_tree4": dict(speculative_algorithm="STANDALONE", speculative_num_steps=3,
@@ -79,6 +83,28 @@ class Timers:
         self.target_steps = 0
 
 
+def legal_token_map(model: str, size: int = 32768) -> str:
+    """A token map from the legal corpus without the GDPR (the benchmark's document)."""
+    from sglang.srt.model_loader.loader import load_tokenizer
+    from sglang.test.real_assets import assets_root
+
+    out = os.path.join(assets_root(), "token_maps", f"legal_no_gdpr_{size}.pt")
+    if os.path.isfile(out):
+        return out
+    import torch
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    import build_token_map
+
+    folder = os.path.join(assets_root(), "legal")
+    files = [f for f in build_token_map.corpus_files([folder]) if not f.endswith("gdpr.txt")]
+    ids = build_token_map.build(load_tokenizer(model), files, size)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    torch.save(torch.tensor(ids, dtype=torch.int64), out)
+    return out
+
+
 def run_config(name: str, target: str, draft: str, prompts: Dict[int, List[int]], n_new: int,
                dtype: str) -> Dict[int, Dict[str, Any]]:
     from sglang.srt.managers.scheduler import Scheduler
@@ -86,6 +112,8 @@ def run_config(name: str, target: str, draft: str, prompts: Dict[int, List[int]]
     from sglang.test.scheduler_driver import run
 
     kw = dict(CONFIGS[name])
+    if kw.get("speculative_token_map") == "<legal-32k>":
+        kw["speculative_token_map"] = legal_token_map(draft)
     if kw.get("speculative_algorithm") == "STANDALONE":
         kw["speculative_draft_model_path"] = draft
     if kw.get("speculative_algorithm"):
@@ -227,8 +255,8 @@ def run_vllm(python: str, target: str, prompts: Dict[int, List[int]], n_new: int
         env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": "4",
                "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
         for key, spec in (("vllm_plain", None),
-                          ("vllm_ngram", {"method": "ngram", "num_speculative_tokens": 10,
-                                          "prompt_lookup_max": 4, "prompt_lookup_min": 2})):
+                          # k=10 as the reference figures; lookup lengths at vLLM's defaults
+                          ("vllm_ngram", {"method": "ngram", "num_speculative_tokens": 10})):
             argv = [python, script, folder, folder, ids_file, str(n_new), dtype]
             if spec:
                 argv.append(json.dumps(spec))
