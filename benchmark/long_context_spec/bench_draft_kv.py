@@ -30,7 +30,7 @@ QUESTION = ("\n\nQuestion: quote, word for word, the sentence of the text above 
             "who the regulation applies to.\nAnswer: \"")
 QUESTION2 = "\n\nQuestion: which article of the text above defines its territorial scope?\nAnswer:"
 QUESTION2_IDS: List[List[int]] = []  # tokenized in main
-SPEC = dict(speculative_algorithm="STANDALONE", speculative_num_steps=4, speculative_eagle_topk=1,
+SPEC = dict(speculative_algorithm="STANDALONE", speculative_num_steps=3, speculative_eagle_topk=1,
             speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
 
 
