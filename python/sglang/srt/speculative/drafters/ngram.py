@@ -74,12 +74,17 @@ class NgramDrafter(Drafter):
             return None
         hist = index.tokens[:n]
         # Rank occurrences by how far the match extends backwards, then by recency.
-        ranked = sorted(starts[-256:], key=lambda p: (-_match_len(hist, p, n, self.max_match), -p))
-        trie: Dict[Tuple[int, ...], int] = {}
-        for p in ranked[: self.max_candidates]:
+        scored = sorted(((_match_len(hist, p, n, self.max_match), p) for p in starts[-256:]),
+                        key=lambda mp: (-mp[0], -mp[1]))
+        trie: Dict[Tuple[int, ...], float] = {}
+        for m, p in scored[: self.max_candidates]:
+            # A candidate's vote grows with its match length: a passage being quoted
+            # matches far back and should outweigh the many short matches of a common
+            # phrase (equal votes let ", the ..." outvote the quote).
+            vote = float(_MATCH_WEIGHT ** min(m, 12))
             cont = hist[p : min(p + min(depth, self.max_depth), n)].tolist()
             for d in range(1, len(cont) + 1):
-                trie[tuple(cont[:d])] = trie.get(tuple(cont[:d]), 0) + 1
+                trie[tuple(cont[:d])] = trie.get(tuple(cont[:d]), 0.0) + vote
         return _trie_to_tree(ids[-1], trie, budget)
 
     def release(self, req) -> None:
@@ -87,6 +92,9 @@ class NgramDrafter(Drafter):
 
     def check_all_free(self) -> None:
         assert not self.indexes, f"n-gram state left for {list(self.indexes)}"
+
+
+_MATCH_WEIGHT = 2.0  # vote of a candidate = _MATCH_WEIGHT ** (backward match length, <= 12)
 
 
 def _match_len(hist: np.ndarray, p: int, n: int, cap: int) -> int:
@@ -97,20 +105,20 @@ def _match_len(hist: np.ndarray, p: int, n: int, cap: int) -> int:
     return m
 
 
-def _trie_to_tree(root_token: int, trie: Dict[Tuple[int, ...], int], budget: int) -> DraftTree:
+def _trie_to_tree(root_token: int, trie: Dict[Tuple[int, ...], float], budget: int) -> DraftTree:
     tree = DraftTree.root_only(root_token)
     total = sum(c for k, c in trie.items() if len(k) == 1)
     # Most frequent first, shallow first; parents are always added before children.
     order = sorted(trie.items(), key=lambda kv: (len(kv[0]), -kv[1]))
     node_of: Dict[Tuple[int, ...], int] = {(): 0}
-    count_of: Dict[Tuple[int, ...], int] = {(): total}
+    count_of: Dict[Tuple[int, ...], float] = {(): total}
     best = sorted(order, key=lambda kv: (-kv[1], len(kv[0])))[: budget - 1]
     chosen = {k for k, _ in best}
     for key, count in order:
         if key not in chosen or key[:-1] not in node_of:
             continue
         parent = node_of[key[:-1]]
-        score = tree.scores[parent] + math.log(count / max(count_of[key[:-1]], 1))
+        score = tree.scores[parent] + math.log(count / max(count_of[key[:-1]], 1e-30))
         node_of[key] = tree.add(key[-1], parent, score)
         count_of[key] = count
     return tree
