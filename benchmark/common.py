@@ -105,3 +105,16 @@ def plot_bars(path: str, title: str, groups: List[str], series: Dict[str, List[O
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def run_isolated(fn, *args, **kwargs):
+    """fn(*args, **kwargs) in a fresh spawned process; returns its (picklable) result.
+
+    Each configuration of a benchmark loads its own models (3-4 GB for the Qwen pair); in one
+    process their memory was not all returned and a run of 8 configurations was killed by
+    the OOM killer at 24 GB. A process per configuration also keeps one's allocator state
+    and threads from colouring the next one's timings."""
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+        return pool.apply(fn, args, kwargs)

@@ -26,7 +26,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 sys.path.insert(0, os.path.join(_ROOT, "benchmark"))
 sys.path.insert(0, os.path.join(_ROOT, "python"))
 sys.path.insert(0, os.path.join(_ROOT, "scripts"))
-from common import machine_info, save  # noqa: E402
+from common import machine_info, run_isolated, save  # noqa: E402
 
 SPEC = dict(speculative_algorithm="STANDALONE", speculative_num_steps=4, speculative_eagle_topk=1)
 NO_ADAPT = dict(speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
@@ -219,7 +219,7 @@ def main() -> None:
     ratios: Dict[str, float] = {}
     for doc, prompt in ([] if args.only_sweep else docs.items()):
         for name, extra in SETTINGS.items():
-            r = run(target, draft, [prompt], args.new_tokens, args.dtype, extra)
+            r = run_isolated(run, target, draft, [prompt], args.new_tokens, args.dtype, extra)
             results[f"{doc} | {name}"] = r
             base = results[f"{doc} | plain"]["tok_s"]
             ratios[f"{doc} | {name}"] = r["tok_s"] / base
@@ -234,8 +234,8 @@ def main() -> None:
             rounds = [[prose[(k * n + i) * 8:][: args.sweep_prompt_tokens] for i in range(n)]
                       for k in range(args.sweep_rounds)]
             for name, extra in SWEEP.items():
-                r = run(target, draft, rounds[0], args.sweep_new_tokens, args.dtype, extra,
-                        rounds[1:])
+                r = run_isolated(run, target, draft, rounds[0], args.sweep_new_tokens, args.dtype,
+                                 extra, rounds[1:])
                 r.pop("trace")
                 r["rounds_tok_s"] = [r["tok_s"]] + [rr["tok_s"] for rr in r["rounds"]]
                 sweep[f"{n} | {name}"] = r

@@ -24,7 +24,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import RESULTS, machine_info, plot_bars, save  # noqa: E402
+from common import RESULTS, machine_info, plot_bars, run_isolated, save  # noqa: E402
 
 QUESTION = ("\n\nQuestion: quote, word for word, the sentence of the text above that says "
             "who the regulation applies to.\nAnswer: \"")
@@ -71,7 +71,7 @@ def timed_request(sched, ids: List[int], n_new: int) -> Tuple[List[int], Any, fl
 
 def run_config(name: str, kw: Dict[str, Any], target: str, draft: str,
                prompts: Dict[int, Tuple[List[int], List[int]]], n_new: int,
-               dtype: str) -> Dict[int, Dict[str, Any]]:
+               dtype: str, question2: List[int]) -> Dict[int, Dict[str, Any]]:
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.server_args import ServerArgs
 
@@ -116,7 +116,7 @@ def run_config(name: str, kw: Dict[str, Any], target: str, draft: str,
         probe.update(draft_s=0.0, steps=0, peak=0, min_free=10**12)
         tokens, upd, cold_ttft, rest = timed_request(sched, doc + question, n_new)
         meta = upd.extra_meta or {}
-        _, upd2, ttft, _ = timed_request(sched, doc + QUESTION2_IDS[0], 1)
+        _, upd2, ttft, _ = timed_request(sched, doc + question2, 1)
         meta2 = upd2.extra_meta or {}
         row = {"tokens": tokens, "tok_s": (len(tokens) - 1) / max(rest, 1e-9),
                "ttft_cold_s": cold_ttft, "ttft_warm_s": ttft,
@@ -177,8 +177,9 @@ def main() -> None:
                                "new_tokens": args.new_tokens, "budget": args.budget,
                                "chunk": args.chunk, "command": " ".join(sys.argv), "configs": {}}
     for name in args.configs.split(","):
-        results["configs"][name] = run_config(name, table[name], target, draft, prompts,
-                                              args.new_tokens, args.dtype)
+        results["configs"][name] = run_isolated(run_config, name, table[name], target, draft,
+                                                prompts, args.new_tokens, args.dtype,
+                                                QUESTION2_IDS[0])
     plain = results["configs"].get("plain")
     for name, per_ctx in results["configs"].items():
         for ctx, row in per_ctx.items():

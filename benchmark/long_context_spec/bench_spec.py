@@ -20,7 +20,7 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import machine_info, plot_bars, save  # noqa: E402
+from common import machine_info, plot_bars, run_isolated, save  # noqa: E402
 
 # Every context holds Article 2 (it starts ~250 tokens in), so the answer can quote it.
 QUESTION = ("\n\nQuestion: quote, word for word, paragraph 1 of Article 2 (Material scope) "
@@ -309,7 +309,8 @@ def main() -> None:
                                "dtype": args.dtype, "new_tokens": args.new_tokens,
                                "question": QUESTION, "command": " ".join(sys.argv), "configs": {}}
     for name in names:
-        results["configs"][name] = run_config(name, target, draft, prompts, args.new_tokens, args.dtype)
+        results["configs"][name] = run_isolated(run_config, name, target, draft, prompts,
+                                                args.new_tokens, args.dtype)
     plain = results["configs"].get("plain")
     if plain:
         for name, per_ctx in results["configs"].items():
@@ -326,8 +327,8 @@ def main() -> None:
                     (i for i, (a, b) in enumerate(zip(row["tokens"], p["tokens"])) if a != b), None)
     peers: Dict[str, Dict[int, float]] = {}
     if not args.skip_hf:
-        peers.update(run_hf_peers(target, draft, prompts, args.new_tokens, args.dtype)
-                     if args.target == "1.5b" else {})
+        peers.update(run_isolated(run_hf_peers, target, draft, prompts, args.new_tokens,
+                                  args.dtype) if args.target == "1.5b" else {})
     if args.vllm_python:
         peers.update(run_vllm(args.vllm_python, target, prompts, args.new_tokens, args.dtype))
     results["peers"] = peers
