@@ -141,3 +141,21 @@ def test_cost_model_skips_budgets_that_cannot_win():
     assert set(seen[2 * cm.min_samples:]) == {1}
     # When acceptance rises, the bigger budgets may win again: they get measured.
     assert cm.choose([0.99], depth) == 4
+
+
+def test_new_requests_start_from_the_servers_recent_acceptance(tiny_llama_dir):
+    """After requests whose drafts were rejected, a new request's acceptance estimate (what
+    the cost model weighs budgets by) starts low, not at the fixed optimistic guess."""
+    import types
+
+    from sglang.test.scheduler_driver import make_scheduler
+
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM",
+                           speculative_num_draft_tokens=4)
+    spec = sched.spec
+    fresh = spec.controller(types.SimpleNamespace(rid="a")).ema_rate
+    for _ in range(60):
+        spec.record(types.SimpleNamespace(rid="a", spec_verify_ct=0, spec_accept_token_num=0,
+                                          spec_accept_histogram=[]), 3, 0, 1)
+    later = spec.controller(types.SimpleNamespace(rid="b")).ema_rate
+    assert fresh == 0.7 and later < 0.1

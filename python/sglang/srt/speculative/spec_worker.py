@@ -88,6 +88,7 @@ class SpecWorker:
             self.cost_model = CostModel(self._candidate_budgets())
         self.timer = StepTimer()
         self.step_budget = 1  # the budget chosen for the current step (1 = plain)
+        self.rate_prior = 0.7  # EMA of per-position acceptance over all requests
 
     def _candidate_budgets(self) -> List[int]:
         full = self.num_draft_tokens
@@ -103,7 +104,11 @@ class SpecWorker:
     def controller(self, req) -> RequestController:
         ctl = self.controllers.get(req.rid)
         if ctl is None:
-            ctl = self.controllers[req.rid] = RequestController(self.fallback_cfg)
+            # A new request starts from the server's recent acceptance, not a fixed guess:
+            # an optimistic prior made the cost model speculate (and re-explore budgets it
+            # had ruled out) for every new request of a server whose text drafts badly.
+            ctl = self.controllers[req.rid] = RequestController(self.fallback_cfg,
+                                                                ema_rate=self.rate_prior)
         return ctl
 
     grammar_backend = None  # set by the scheduler when constrained generation is available
@@ -196,6 +201,7 @@ class SpecWorker:
         ctl = self.controller(req)
         if offered:
             ctl.on_verify(accepted, offered, emitted)
+            self.rate_prior = 0.95 * self.rate_prior + 0.05 * (accepted / offered)
         else:
             ctl.on_plain_tokens(emitted)
         req.spec_verify_ct += 1
