@@ -29,7 +29,6 @@ from common import RESULTS, machine_info, plot_bars, run_isolated, save  # noqa:
 QUESTION = ("\n\nQuestion: quote, word for word, the sentence of the text above that says "
             "who the regulation applies to.\nAnswer: \"")
 QUESTION2 = "\n\nQuestion: which article of the text above defines its territorial scope?\nAnswer:"
-QUESTION2_IDS: List[List[int]] = []  # tokenized in main
 SPEC = dict(speculative_algorithm="STANDALONE", speculative_num_steps=3, speculative_eagle_topk=1,
             speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
 
@@ -164,7 +163,7 @@ def main() -> None:
     tok = load_tokenizer(target)
     doc = tok(text, add_special_tokens=False)["input_ids"]
     q = tok(QUESTION, add_special_tokens=False)["input_ids"]
-    QUESTION2_IDS.append(tok(QUESTION2, add_special_tokens=False)["input_ids"])
+    q2 = tok(QUESTION2, add_special_tokens=False)["input_ids"]
     contexts = [int(c) for c in args.contexts.split(",")]
     while len(doc) < max(contexts):
         doc = doc + doc  # a short document repeats (it quotes itself, as contracts do)
@@ -179,7 +178,7 @@ def main() -> None:
     for name in args.configs.split(","):
         results["configs"][name] = run_isolated(run_config, name, table[name], target, draft,
                                                 prompts, args.new_tokens, args.dtype,
-                                                QUESTION2_IDS[0])
+                                                q2)
     plain = results["configs"].get("plain")
     for name, per_ctx in results["configs"].items():
         for ctx, row in per_ctx.items():
