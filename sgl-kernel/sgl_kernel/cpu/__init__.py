@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = ("small_m_linear.cpp",)
+_SOURCES = ("bindings.cpp", "small_m_linear.cpp", "decode_attention.cpp")
 _EXT_NAME = "sgl_cpu_linear"
 # A build lock older than this was left by a killed build; torch would wait on it forever.
 _STALE_LOCK_S = 15 * 60
@@ -112,4 +112,21 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor,
     return mod.small_m_linear(x2, weight, bias).reshape(*lead, weight.shape[0])
 
 
-__all__ = ["build_dir", "is_available", "small_m_linear", "unavailable_reason"]
+def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                     idx: torch.Tensor, mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """Attention of q [T, H, hd] over the pool rows k_buf[idx] / v_buf[idx] ([S, KVH, hd] /
+    [S, KVH, vd], read in place: no gather), query head h reading KV head h // (H / KVH);
+    mask: bool [T, L] (True = attend) or None. -> [T, H, vd] in q's dtype.
+
+    For few query rows (decode, verify): keys are split across threads in fixed chunks, so a
+    row's result depends only on its query, mask row and keys. A row that sees no key gets
+    zeros. Raises RuntimeError when the kernel is unavailable (check `is_available()`).
+    """
+    mod = _load()
+    if mod is None:
+        raise RuntimeError(f"sgl_kernel CPU kernels are unavailable: {_error}")
+    return mod.decode_attention(q, k_buf, v_buf, idx, mask, scale)
+
+
+__all__ = ["build_dir", "decode_attention", "is_available", "small_m_linear",
+           "unavailable_reason"]

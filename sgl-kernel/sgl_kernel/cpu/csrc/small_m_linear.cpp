@@ -21,6 +21,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "ops.h"
+
 namespace {
 
 using bf16 = at::BFloat16;
@@ -321,6 +323,10 @@ void dispatch_out(const float* x, int64_t M, int64_t K, const WT* w, int64_t N,
   }
 }
 
+}  // namespace
+
+namespace sgl_cpu {
+
 // x: [M, K] fp32 or bf16; weight: [N, K] fp32 or bf16; bias: [N] or None. Returns [M, N] in
 // x's dtype.
 at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& weight,
@@ -358,9 +364,4 @@ at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& weight,
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("small_m_linear", &small_m_linear, "y = x @ weight^T (+ bias), W read once",
-        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
-}
+}  // namespace sgl_cpu

@@ -40,6 +40,23 @@ def _as_slice(idx: torch.Tensor):
     return idx
 
 
+# Decode and verify rows (at most this many per request) go to sgl_kernel's decode_attention
+# when it is built: it reads each KV row in place through the slot list (no gather, any
+# number of runs) and splits the keys over the threads. Measured at 8K keys, SmolLM2 heads:
+# fp32 1.5 -> 0.5 ms per layer vs the folded SDPA.
+_KERNEL_MAX_ROWS = 16
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _decode_kernel():
+    """sgl_kernel.cpu.decode_attention when built on this CPU, else None (torch paths)."""
+    from sglang.srt.layers.linear import cpu_kernel_available, _import_cpu_kernels
+
+    if not cpu_kernel_available():
+        return None
+    return _import_cpu_kernels().decode_attention
+
+
 # A request's KV in a few ascending runs (a cached document + the question + its decode
 # tokens; a verify tree's slots) is attended run by run and merged by log-sum-exp instead of
 # gathered: at long context the gather copies as many bytes per layer as attention reads.
@@ -114,6 +131,8 @@ def _folded_gqa_runs(qi: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
 
 class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self) -> None:
+        self._kernel = _decode_kernel()
+        self._kv_tensor: List[Optional[torch.Tensor]] = []  # slot lists for the kernel
         self._kv_idx: List[torch.Tensor] = []
         self._runs: List[Optional[List[slice]]] = []
         self._masks: List[Optional[torch.Tensor]] = []
@@ -121,10 +140,12 @@ class TorchNativeAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: "ForwardBatch") -> None:
         rows = fb.req_pool_indices.tolist()
         table = fb.req_to_token_pool.req_to_token
-        self._kv_idx, self._masks, self._runs = [], [], []
+        self._kv_idx, self._masks, self._runs, self._kv_tensor = [], [], [], []
         for i, (row, seq_len, ext) in enumerate(zip(rows, fb.seq_lens_cpu, fb.extend_seq_lens_cpu)):
             override = fb.kv_indices[i] if fb.kv_indices is not None else None
             idx = override if override is not None else table[row, :seq_len]
+            self._kv_tensor.append(idx.to(torch.int64) if self._kernel is not None
+                                   and ext <= _KERNEL_MAX_ROWS and idx.is_cpu else None)
             self._kv_idx.append(_as_slice(idx))
             self._runs.append(_runs(self._kv_idx[-1]) if ext <= _FOLD_MAX_ROWS
                               and _length(self._kv_idx[-1]) >= _RUNS_MIN_KEYS else None)
@@ -159,6 +180,12 @@ class TorchNativeAttnBackend(AttentionBackend):
             qi = q[start : start + ext].transpose(0, 1)  # [H, ext, hd]
             mask = self._masks[i]
             causal = mask is _CAUSAL
+            if (self._kv_tensor[i] is not None and not causal and q.dtype in _KERNEL_DTYPES
+                    and k_buf.dtype in _KERNEL_DTYPES and hd % 8 == 0 and vd % 8 == 0):
+                out[start : start + ext] = self._kernel(
+                    q[start : start + ext], k_buf, v_buf, self._kv_tensor[i], mask, layer.scaling)
+                start += ext
+                continue
             if self._runs[i] is not None and not causal:
                 out[start : start + ext] = _folded_gqa_runs(qi, k_buf, v_buf, self._runs[i],
                                                             mask, layer.scaling)

@@ -1,0 +1,13 @@
+// Python bindings of the CPU ops (one module for every source, see ../__init__.py).
+#include <torch/extension.h>
+
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("small_m_linear", &sgl_cpu::small_m_linear, "y = x @ weight^T (+ bias), W read once",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def("decode_attention", &sgl_cpu::decode_attention,
+        "attention of a few query rows over pool slots idx (GQA, optional bool mask)",
+        py::arg("q"), py::arg("k_buf"), py::arg("v_buf"), py::arg("idx"),
+        py::arg("mask") = py::none(), py::arg("scale"));
+}
