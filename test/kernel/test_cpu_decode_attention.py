@@ -8,33 +8,18 @@ keys past the ones it may see (masked keys add exactly nothing); bad slot indice
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import random
-import sys
 from typing import Optional
 
 import pytest
 import torch
 
-if importlib.util.find_spec("sgl_kernel") is None:
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))), "sgl-kernel"))
-
-from sgl_kernel import cpu  # noqa: E402
+from sgl_kernel import cpu
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
     if not cpu.is_available():
         pytest.skip(f"CPU kernels unavailable: {cpu.unavailable_reason()}")
-
-
-@pytest.fixture
-def seed() -> int:
-    s = random.SystemRandom().randrange(2**31)
-    torch.manual_seed(s)
-    return s
 
 
 def reference(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, idx: torch.Tensor,

@@ -8,21 +8,13 @@ Shapes are ragged on purpose: every M in 1..33, K not a multiple of 8 or 16, odd
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import random
-import sys
 from typing import Optional
 
 import pytest
 import torch
 
-if importlib.util.find_spec("sgl_kernel") is None:
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))), "sgl-kernel"))
-
-from sgl_kernel import cpu  # noqa: E402
-from sgl_kernel.reference import linear_reference  # noqa: E402
+from sgl_kernel import cpu
+from sgl_kernel.reference import linear_reference
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 # (x dtype, W dtype): same-dtype pairs as a model runs them, and the mixed ones.
@@ -33,13 +25,6 @@ PAIRS = [("f32", "f32"), ("bf16", "bf16"), ("f32", "bf16"), ("bf16", "f32")]
 def kernel() -> None:
     if not cpu.is_available():
         pytest.skip(f"CPU linear kernel unavailable: {cpu.unavailable_reason()}")
-
-
-@pytest.fixture
-def seed() -> int:
-    s = random.SystemRandom().randrange(2**31)
-    torch.manual_seed(s)
-    return s
 
 
 def _check(y: torch.Tensor, ref: torch.Tensor, what: str) -> None:

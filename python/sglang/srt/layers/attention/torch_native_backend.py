@@ -147,7 +147,9 @@ class TorchNativeAttnBackend(AttentionBackend):
             self._kv_tensor.append(idx.to(torch.int64) if self._kernel is not None
                                    and ext <= _KERNEL_MAX_ROWS and idx.is_cpu else None)
             self._kv_idx.append(_as_slice(idx))
-            self._runs.append(_runs(self._kv_idx[-1]) if ext <= _FOLD_MAX_ROWS
+            # the kernel reads any runs in place; splitting into runs is for the SDPA path
+            self._runs.append(_runs(self._kv_idx[-1]) if self._kv_tensor[-1] is None
+                              and ext <= _FOLD_MAX_ROWS
                               and _length(self._kv_idx[-1]) >= _RUNS_MIN_KEYS else None)
             custom = fb.custom_mask[i] if fb.custom_mask is not None else None
             if custom is not None:
