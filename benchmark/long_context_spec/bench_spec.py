@@ -22,9 +22,24 @@ from typing import Any, Dict, List
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import machine_info, plot_bars, run_isolated, save  # noqa: E402
 
-# Every context holds Article 2 (it starts ~250 tokens in), so the answer can quote it.
-QUESTION = ("\n\nQuestion: quote, word for word, paragraph 1 of Article 2 (Material scope) "
-            "of the text above.\nAnswer: \"")
+# Every context holds Article 2 (it starts ~250 tokens in), so the answer can quote it. The
+# models are instruction-tuned: the document and the question go through the model's chat
+# template, as a user's chat request would. Article 2 is ~250 tokens, so every measured token
+# of the answer is a quote (a one-paragraph quote left the model writing its own text after
+# ~40 tokens; a raw-text prompt made it continue with invented dialogue).
+QUESTION = "\n\nQuote Article 2 (Material scope) of the text above in full, word for word."
+DOC_MARK = "\u0000DOC\u0000"
+
+
+def chat_prompt(tok, doc: List[int], ctx: int) -> List[int]:
+    """The chat-template prompt of `ctx` tokens: the document's start, then the question."""
+    text = tok.apply_chat_template([{"role": "user", "content": DOC_MARK + QUESTION}],
+                                   tokenize=False, add_generation_prompt=True)
+    pre, post = text.split(DOC_MARK)
+    pre_ids = tok(pre, add_special_tokens=False)["input_ids"]
+    post_ids = tok(post, add_special_tokens=False)["input_ids"]
+    return pre_ids + doc[: ctx - len(pre_ids) - len(post_ids)] + post_ids
+
 
 # Chains of 3 draft steps: on this kind of CPU (2 cores, ~40 GFMA/s) a verify of more than
 # ~4 tokens is compute-bound (5 tokens cost ~2.2 plain steps of the 1.5B, 4 tokens ~1.3).
@@ -259,7 +274,9 @@ def run_vllm(python: str, target: str, prompts: Dict[int, List[int]], n_new: int
                "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
         for key, spec in (("vllm_plain", None),
                           # k=10 as the reference figures; lookup lengths at vLLM's defaults
-                          ("vllm_ngram", {"method": "ngram", "num_speculative_tokens": 10})):
+                          ("vllm_ngram", {"method": "ngram", "num_speculative_tokens": 10}),
+                          # and at our NGRAM width, in case 10 rows cost it more than they gain
+                          ("vllm_ngram_k4", {"method": "ngram", "num_speculative_tokens": 3})):
             argv = [python, script, folder, folder, ids_file, str(n_new), dtype]
             if spec:
                 argv.append(json.dumps(spec))
@@ -299,10 +316,8 @@ def main() -> None:
         n for n in CONFIGS if args.target == "1.5b" or "standalone" not in n]
     tok = load_tokenizer(target)
     doc = tok(legal_text("gdpr"), add_special_tokens=False)["input_ids"]
-    q = tok(QUESTION, add_special_tokens=False)["input_ids"]
     contexts = [int(c) for c in args.contexts.split(",")]
-    # The document's start up to the context, ending with the question (so the answer quotes it).
-    prompts = {c: doc[: c - len(q)] + q for c in contexts}
+    prompts = {c: chat_prompt(tok, doc, c) for c in contexts}
     info = machine_info()
     print(f"machine {info}\ntarget {target}\ndraft {draft}", flush=True)
     results: Dict[str, Any] = {"machine": info, "target": target, "draft": draft,
