@@ -20,7 +20,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import copy_bandwidth_gbs, machine_info, plot_bars, prompt_ids, save  # noqa: E402
+from common import (copy_bandwidth_gbs, machine_info, plot_bars, prompt_ids, save,  # noqa: E402
+                    vllm_env)
 
 
 def model_paths() -> Dict[str, Optional[str]]:
@@ -205,11 +206,7 @@ def run_vllm(python: str, path: str, contexts: List[int], n_new: int, dtype: str
             json.dump({str(c): prompt_ids(tokenizer, c) for c in contexts}, f)
         tok_dir = os.path.join(d, "tokenizer")  # vLLM reads GGUF weights but wants an HF tokenizer
         tokenizer.save_pretrained(tok_dir)
-        env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": "4",
-               "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # the last context + new tokens may pass the max
-        if THREADS["n"]:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(i) for i in range(THREADS["n"]))
-            env["OMP_NUM_THREADS"] = str(THREADS["n"])
+        env = vllm_env(THREADS["n"])
         proc = subprocess.run([python, script, path, json.dumps(contexts), str(n_new), dtype, ids_file,
                                tok_dir],
                               capture_output=True, text=True, env=env, timeout=3600)

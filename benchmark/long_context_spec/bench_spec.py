@@ -20,7 +20,7 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import machine_info, plot_bars, run_isolated, save  # noqa: E402
+from common import machine_info, plot_bars, run_isolated, save, vllm_env  # noqa: E402
 
 # Every context holds Article 2 (it starts ~250 tokens in), so the answer can quote it. The
 # models are instruction-tuned: the document and the question go through the model's chat
@@ -270,8 +270,7 @@ def run_vllm(python: str, target: str, prompts: Dict[int, List[int]], n_new: int
             f.write(VLLM_SCRIPT)
         with open(ids_file, "w") as f:
             json.dump({str(c): ids for c, ids in prompts.items()}, f)
-        env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": "4",
-               "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+        env = vllm_env()
         for key, spec in (("vllm_plain", None),
                           # k=10 as the reference figures; lookup lengths at vLLM's defaults
                           ("vllm_ngram", {"method": "ngram", "num_speculative_tokens": 10}),
