@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = ("bindings.cpp", "small_m_linear.cpp", "decode_attention.cpp")
+_SOURCES = ("bindings.cpp", "small_m_linear.cpp", "decode_attention.cpp", "elementwise.cpp")
 _EXT_NAME = "sgl_cpu_linear"
 # A build lock older than this was left by a killed build; torch would wait on it forever.
 _STALE_LOCK_S = 15 * 60
@@ -44,10 +44,17 @@ def _cpu_flags() -> set:
 
 
 def build_dir() -> str:
-    """Where the extension is built and cached (one folder per CPU flags + torch + Python,
-    since -march=native code only runs on CPUs like the one that built it)."""
+    """Where the extension is built and cached: one folder per CPU flags + torch + Python
+    (-march=native code only runs on CPUs like the one that built it) + source text (two
+    checkouts of different versions, e.g. a benchmark's snapshot and a working tree, would
+    otherwise rebuild over each other's build)."""
     flags = " ".join(sorted(_cpu_flags()))
-    key = f"{platform.machine()}|{flags}|{torch.__version__}|{sys.version_info[:2]}"
+    src = hashlib.sha1()
+    for name in sorted(os.listdir(_CSRC)):
+        with open(os.path.join(_CSRC, name), "rb") as f:
+            src.update(name.encode() + b"\0" + f.read())
+    key = (f"{platform.machine()}|{flags}|{torch.__version__}|{sys.version_info[:2]}|"
+           f"{src.hexdigest()}")
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     return os.path.join(os.path.expanduser("~"), ".cache", "sglang-fork", "sgl_kernel_build",
                         digest)
@@ -128,5 +135,35 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
     return mod.decode_attention(q, k_buf, v_buf, idx, mask, scale)
 
 
-__all__ = ["build_dir", "decode_attention", "is_available", "small_m_linear",
-           "unavailable_reason"]
+def _mod() -> ModuleType:
+    mod = _load()
+    if mod is None:
+        raise RuntimeError(f"sgl_kernel CPU kernels are unavailable: {_error}")
+    return mod
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+            residual: Optional[torch.Tensor] = None):
+    """RMSNorm of x [M, D] as Hugging Face computes it (float32 statistics, the normalised row
+    rounded to x's dtype, then times weight in that dtype). With `residual`: returns
+    (norm(x + residual), x + residual), the sum rounded to x's dtype; else norm(x)."""
+    out = _mod().rmsnorm(x, weight, eps, residual)
+    return (out[0], out[1]) if residual is not None else out[0]
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[:, :d]) * x[:, d:] for x [M, 2d], each result rounded to x's dtype as torch's
+    two ops would."""
+    return _mod().silu_and_mul(x)
+
+
+def rotary_embedding(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor,
+                     sin: torch.Tensor) -> None:
+    """Rotate x [T, heads * head_dim] in place (rows may be strided, e.g. the q or k part of
+    a fused qkv output): x * cos + rotate_half(x) * sin over the first cos.shape[1] dims of
+    each head, cos / sin [T, rot] in x's dtype; bit-identical to the torch expression."""
+    _mod().rotary_embedding(x, heads, head_dim, cos, sin)
+
+
+__all__ = ["build_dir", "decode_attention", "is_available", "rmsnorm", "rotary_embedding",
+           "silu_and_mul", "small_m_linear", "unavailable_reason"]

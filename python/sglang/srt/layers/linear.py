@@ -57,14 +57,34 @@ def _import_cpu_kernels() -> Optional[ModuleType]:
         return None
 
 
+_ops: Optional[ModuleType] = None  # sgl_kernel.cpu once known to be built
+
+
+def cpu_ops(*tensors: torch.Tensor) -> Optional[ModuleType]:
+    """sgl_kernel.cpu when its kernels are built and can take these tensors (CPU, float32 or
+    bfloat16, one dtype, no autograd, 2-D with contiguous rows), else None: the caller then
+    runs its torch code. For the per-token ops of a layer (norm, rotary, activation)."""
+    t0 = tensors[0]
+    if (t0.dtype not in _KERNEL_ROWS or not t0.is_cpu
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
+        return None
+    for t in tensors:
+        if t.dtype != t0.dtype or not t.is_cpu or t.stride(-1) != 1:
+            return None
+    if _ops is None and not cpu_kernel_available():
+        return None
+    return _ops
+
+
 def cpu_kernel_available() -> bool:
     """True when sgl_kernel's CPU linear is importable and built. The first call builds it
     (1-2 minutes, once per machine: the build is cached); call it at model load so no
     forward pass waits on the compiler."""
-    global _kernel, _checked
+    global _kernel, _ops, _checked
     if not _checked:
         cpu = _import_cpu_kernels()
-        _kernel = cpu.small_m_linear if cpu is not None and cpu.is_available() else None
+        _ops = cpu if cpu is not None and cpu.is_available() else None
+        _kernel = _ops.small_m_linear if _ops is not None else None
         _checked = True
     return _kernel is not None
 

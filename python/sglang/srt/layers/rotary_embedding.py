@@ -14,6 +14,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import nn
 
+from sglang.srt.layers.linear import cpu_ops
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -86,9 +88,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos_sin: Tuple[torch.Tensor, torch.Tensor],
-                 num_heads: int, head_dim: int) -> torch.Tensor:
-    """Rotate x [T, num_heads * head_dim]; returns a new tensor of the same shape."""
+                 num_heads: int, head_dim: int, inplace: bool = False) -> torch.Tensor:
+    """Rotate x [T, num_heads * head_dim]; returns a new tensor of the same shape, or with
+    `inplace` (the caller owns x, e.g. its slice of a fused qkv output) may rotate x itself
+    and return it: on CPU one sgl_kernel pass, bit-identical to the torch code below."""
     cos, sin = cos_sin  # [T, rotary_dim]
+    if inplace and x.dim() == 2 and (ops := cpu_ops(x, cos, sin)) is not None:
+        ops.rotary_embedding(x, num_heads, head_dim, cos, sin)
+        return x
     x = x.view(-1, num_heads, head_dim)
     rot = cos.shape[-1]
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads

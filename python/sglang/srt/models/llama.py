@@ -66,8 +66,9 @@ class LlamaAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, cos_sin: CosSin, fb: "ForwardBatch") -> torch.Tensor:
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q, cos_sin, self.num_heads, self.head_dim)
-        k = apply_rotary(k, cos_sin, self.num_kv_heads, self.head_dim)
+        # in place: q and k are this call's slices of qkv
+        q = apply_rotary(q, cos_sin, self.num_heads, self.head_dim, inplace=True)
+        k = apply_rotary(k, cos_sin, self.num_kv_heads, self.head_dim, inplace=True)
         out = self.attn(q, k, v.contiguous(), fb)  # [T, q_size]
         return self.o_proj(out)
 

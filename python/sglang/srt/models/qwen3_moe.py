@@ -32,8 +32,8 @@ class Qwen3MoeAttention(LlamaAttention):
         t = hidden.shape[0]
         q = self.q_norm(q.reshape(t, self.num_heads, self.head_dim)).reshape(t, self.q_size)
         k = self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim)).reshape(t, self.kv_size)
-        q = apply_rotary(q, cos_sin, self.num_heads, self.head_dim)
-        k = apply_rotary(k, cos_sin, self.num_kv_heads, self.head_dim)
+        q = apply_rotary(q, cos_sin, self.num_heads, self.head_dim, inplace=True)  # fresh from the norms
+        k = apply_rotary(k, cos_sin, self.num_kv_heads, self.head_dim, inplace=True)
         return self.o_proj(self.attn(q, k, v.contiguous(), fb))
 
 

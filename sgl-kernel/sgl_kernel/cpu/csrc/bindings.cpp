@@ -10,4 +10,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "attention of a few query rows over pool slots idx (GQA, optional bool mask)",
         py::arg("q"), py::arg("k_buf"), py::arg("v_buf"), py::arg("idx"),
         py::arg("mask") = py::none(), py::arg("scale"));
+  m.def("rmsnorm", &sgl_cpu::rmsnorm, "RMSNorm (HF numerics), the residual add fused",
+        py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("residual") = py::none());
+  m.def("silu_and_mul", &sgl_cpu::silu_and_mul, "silu(gate) * up of x [M, 2d]", py::arg("x"));
+  m.def("rotary_embedding", &sgl_cpu::rotary_embedding, "rotary embedding in place (rotate_half)",
+        py::arg("x"), py::arg("heads"), py::arg("head_dim"), py::arg("cos"), py::arg("sin"));
 }

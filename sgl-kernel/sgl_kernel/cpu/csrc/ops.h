@@ -15,4 +15,17 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
                             const at::Tensor& idx, const c10::optional<at::Tensor>& mask,
                             double scale);
 
+// RMSNorm of x [M, D] (HF numerics); with a residual, of x + residual, returning
+// [normed, x + residual] (else [normed]).
+std::vector<at::Tensor> rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                const c10::optional<at::Tensor>& residual);
+
+// silu(x[:, :d]) * x[:, d:] for x [M, 2d] -> [M, d].
+at::Tensor silu_and_mul(const at::Tensor& x);
+
+// Rotary embedding in place on x [T, heads * head_dim] (rows may be strided), HF's
+// rotate_half layout over the first cos.size(1) dims of each head.
+void rotary_embedding(at::Tensor& x, int64_t heads, int64_t head_dim, const at::Tensor& cos,
+                      const at::Tensor& sin);
+
 }  // namespace sgl_cpu
