@@ -322,9 +322,13 @@ def main() -> None:
     results: Dict[str, Any] = {"machine": info, "target": target, "draft": draft,
                                "dtype": args.dtype, "new_tokens": args.new_tokens,
                                "question": QUESTION, "command": " ".join(sys.argv), "configs": {}}
+    name_out = args.out or f"spec_decode_{args.target}"
     for name in names:
         results["configs"][name] = run_isolated(run_config, name, target, draft, prompts,
                                                 args.new_tokens, args.dtype)
+        # saved after every configuration: three runs stopped short of their end (OOM, time)
+        # and took every figure with them
+        save(name_out + "_partial", results)
     plain = results["configs"].get("plain")
     if plain:
         for name, per_ctx in results["configs"].items():
@@ -343,6 +347,7 @@ def main() -> None:
     if not args.skip_hf:
         peers.update(run_isolated(run_hf_peers, target, draft, prompts, args.new_tokens,
                                   args.dtype) if args.target == "1.5b" else {})
+        save(name_out + "_partial", {**results, "peers": peers})
     if args.vllm_python:
         peers.update(run_vllm(args.vllm_python, target, prompts, args.new_tokens, args.dtype))
     results["peers"] = peers
@@ -358,7 +363,7 @@ def main() -> None:
                   + " ".join(f"{k}={v:.2f}x" for k, v in vs.items()))
     for key, per in peers.items():
         print(f"{key:17s} " + " ".join(f"ctx={c}: {v:.2f} tok/s" for c, v in per.items()))
-    out = save(args.out or f"spec_decode_{args.target}", results)
+    out = save(name_out, results)
     groups = [str(c) for c in contexts]
     series = {n: [results["configs"][n][c]["tok_s"] for c in contexts] for n in results["configs"]}
     for key, per in peers.items():
