@@ -107,3 +107,14 @@ def test_all_slots_free_after_flush(engine):
     assert engine.flush_cache()
     info = engine.get_server_info()
     assert info["available_kv_tokens"] == info["max_total_num_tokens"]
+
+
+def test_shutdown_leaves_no_pending_task(tiny_llama_dir):
+    """Shutting down after a stream ends the receive loop's task: one left cancelled but never
+    run again is destroyed pending, and asyncio logged "Task was destroyed but it is pending!"
+    at every Engine shutdown (at garbage collection, so the task's state is what we check)."""
+    with sglang.Engine(model_path=tiny_llama_dir, dtype="float32", max_total_tokens=1024) as e:
+        list(e.generate(prompt="Hello", stream=True, sampling_params={"max_new_tokens": 2}))
+        task = e.tokenizer_manager._loop_task
+        assert task is not None and not task.done()
+    assert task.done()

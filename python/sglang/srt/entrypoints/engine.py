@@ -89,6 +89,8 @@ class Engine:
         self._closed = True
         kill_process_tree(self.procs)
         try:
+            if not self.loop.is_running():
+                self.loop.run_until_complete(self.tokenizer_manager.stop())
             self.tokenizer_manager.close()
         finally:
             self.loop.close()

@@ -390,6 +390,15 @@ class TokenizerManager:
         out = await self._control(GetInternalStateReq())
         return out.state
 
+    async def stop(self) -> None:
+        """Cancel the receive loop and wait for it to end (run on the loop that started it):
+        a task cancelled but never run again is destroyed pending, which asyncio logs as an
+        error at shutdown."""
+        task, self._loop_task = self._loop_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
     def close(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
