@@ -30,10 +30,13 @@
 #include <vector>
 
 #include "ops.h"
+#include "vec.h"
 
 namespace {
 
 using bf16 = at::BFloat16;
+namespace vec = sgl_cpu::vec;
+using vec::hsum;
 
 constexpr int64_t kChunk = 128;   // keys per work item (fixed: see the invariant above)
 constexpr int64_t kRowBlock = 32;  // query rows whose scores sit in L1 together
@@ -41,33 +44,11 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // exp(x) for x below this is < 2e-38: taken as 0 (the max subtracted makes x <= 0).
 constexpr float kExpFloor = -87.0f;
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// e^x for 8 lanes, x <= 0: range reduction to r in [-ln2/2, ln2/2] and Cephes' degree-5
-// polynomial (relative error ~1e-7, like expf); lanes below kExpFloor give exactly 0.
+// e^x for 8 lanes, x <= 0; lanes below kExpFloor give exactly 0.
 inline __m256 exp8(__m256 x) {
   const __m256 floor_v = _mm256_set1_ps(kExpFloor);
-  __m256 zero_mask = _mm256_cmp_ps(x, floor_v, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, floor_v);
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-  fx = _mm256_floor_ps(fx);
-  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(zero_mask, y);
+  const __m256 zero_mask = _mm256_cmp_ps(x, floor_v, _CMP_LT_OQ);
+  return _mm256_andnot_ps(zero_mask, vec::exp8_in_range(_mm256_max_ps(x, floor_v)));
 }
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }

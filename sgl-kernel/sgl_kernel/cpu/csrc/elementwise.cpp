@@ -24,21 +24,16 @@
 #include <cstring>
 
 #include "ops.h"
+#include "vec.h"
 
 namespace {
 
 using bf16 = at::BFloat16;
+namespace vec = sgl_cpu::vec;
+
 
 // Rows per thread below which another thread costs more than it saves (~32K elements).
 constexpr int64_t kMinElemsPerThread = 1 << 15;
-
-inline float f32(float v) { return v; }
-inline float f32(bf16 v) {
-  uint32_t bits = uint32_t(v.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
 
 template <typename T>
 inline T to_t(float v);
@@ -49,29 +44,16 @@ inline bf16 to_t<bf16>(float v) { return bf16(v); }  // round to nearest even, a
 
 // Value after rounding to T (what torch's op in dtype T would store), kept as float.
 template <typename T>
-inline float rnd(float v) { return f32(to_t<T>(v)); }
+inline float rnd(float v) { return vec::to_f32(to_t<T>(v)); }
 
 inline int64_t grain_rows(int64_t width) {
   return std::max<int64_t>(1, kMinElemsPerThread / std::max<int64_t>(width, 1));
 }
 
-// e^x for 8 lanes over the whole float range: x clamped to [-87, 88] (e^88 < FLT_MAX), range
-// reduction to r in [-ln2/2, ln2/2], Cephes' degree-5 polynomial (~1 ulp, like expf).
+// e^x for 8 lanes over the whole float range: x clamped to [-87, 88] (e^88 < FLT_MAX).
 inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-  __m256 fx = _mm256_floor_ps(_mm256_add_ps(
-      _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-  r = _mm256_sub_ps(r, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return vec::exp8_in_range(
+      _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f)));
 }
 
 template <typename T>
@@ -85,12 +67,12 @@ void rmsnorm_rows(const T* x, int64_t ldx, const T* res, int64_t ldr, const T* w
         const T* rr = res + m * ldr;
         T* sr = sum_out + m * D;
         for (int64_t i = 0; i < D; ++i) {
-          const T v = to_t<T>(f32(xr[i]) + f32(rr[i]));
+          const T v = to_t<T>(vec::to_f32(xr[i]) + vec::to_f32(rr[i]));
           sr[i] = v;
-          s[i] = f32(v);
+          s[i] = vec::to_f32(v);
         }
       } else {
-        for (int64_t i = 0; i < D; ++i) s[i] = f32(xr[i]);
+        for (int64_t i = 0; i < D; ++i) s[i] = vec::to_f32(xr[i]);
       }
       // The mean of squares accumulated in double: close to exact, so it lands within an ulp
       // of torch's (pairwise) float sum; a plain float sum of 1.5K squares was off by several.
@@ -110,7 +92,7 @@ void rmsnorm_rows(const T* x, int64_t ldx, const T* res, int64_t ldr, const T* w
       const float inv = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
       T* o = out + m * D;
       // torch: weight * (x * rsqrt(...)).to(dtype), the product in the model dtype
-      for (int64_t j = 0; j < D; ++j) o[j] = to_t<T>(f32(w[j]) * rnd<T>(s[j] * inv));
+      for (int64_t j = 0; j < D; ++j) o[j] = to_t<T>(vec::to_f32(w[j]) * rnd<T>(s[j] * inv));
     }
   });
 }
@@ -126,16 +108,16 @@ void silu_mul_rows(const T* x, int64_t ldx, int64_t M, int64_t d, T* out) {
       int64_t j = 0;
       for (; j + 8 <= d; j += 8) {
         alignas(32) float gv[8];
-        for (int k = 0; k < 8; ++k) gv[k] = f32(g[j + k]);
+        for (int k = 0; k < 8; ++k) gv[k] = vec::to_f32(g[j + k]);
         const __m256 gx = _mm256_load_ps(gv);
         // silu(g) = g / (1 + e^-g), rounded to the model dtype as torch's silu stores it
         _mm256_store_ps(sl, _mm256_div_ps(gx, _mm256_add_ps(_mm256_set1_ps(1.0f),
                                                             exp8(_mm256_sub_ps(_mm256_setzero_ps(), gx)))));
-        for (int k = 0; k < 8; ++k) o[j + k] = to_t<T>(rnd<T>(sl[k]) * f32(u[j + k]));
+        for (int k = 0; k < 8; ++k) o[j + k] = to_t<T>(rnd<T>(sl[k]) * vec::to_f32(u[j + k]));
       }
       for (; j < d; ++j) {
-        const float gv = f32(g[j]);
-        o[j] = to_t<T>(rnd<T>(gv / (1.0f + std::exp(-gv))) * f32(u[j]));
+        const float gv = vec::to_f32(g[j]);
+        o[j] = to_t<T>(rnd<T>(gv / (1.0f + std::exp(-gv))) * vec::to_f32(u[j]));
       }
     }
   });
@@ -155,10 +137,10 @@ void rope_rows(T* x, int64_t ldx, int64_t heads, int64_t hd, const T* cos, const
       const T* s = sin + t * ldc;
       for (int64_t head = 0; head < heads; ++head) {
         T* xr = x + t * ldx + head * hd;
-        for (int64_t j = 0; j < h; ++j) a[j] = f32(xr[j]), b[j] = f32(xr[j + h]);
+        for (int64_t j = 0; j < h; ++j) a[j] = vec::to_f32(xr[j]), b[j] = vec::to_f32(xr[j + h]);
         for (int64_t j = 0; j < h; ++j) {
-          xr[j] = to_t<T>(rnd<T>(a[j] * f32(c[j])) - rnd<T>(b[j] * f32(s[j])));
-          xr[j + h] = to_t<T>(rnd<T>(b[j] * f32(c[j + h])) + rnd<T>(a[j] * f32(s[j + h])));
+          xr[j] = to_t<T>(rnd<T>(a[j] * vec::to_f32(c[j])) - rnd<T>(b[j] * vec::to_f32(s[j])));
+          xr[j + h] = to_t<T>(rnd<T>(b[j] * vec::to_f32(c[j + h])) + rnd<T>(a[j] * vec::to_f32(s[j + h])));
         }
       }
     }

@@ -22,19 +22,13 @@
 #include <utility>
 
 #include "ops.h"
+#include "vec.h"
 
 namespace {
 
 using bf16 = at::BFloat16;
-
-inline float to_f32(float v) { return v; }
-
-inline float to_f32(bf16 v) {
-  uint32_t bits = uint32_t(v.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+using sgl_cpu::vec::hsum;
+using sgl_cpu::vec::to_f32;
 
 // Cache budgets (measured on Zen 3, 32 KiB L1d and 512 KiB L2 per core): fp32 elements of
 // one x tile's k-block, and bytes of one n-block of W.
@@ -43,13 +37,6 @@ constexpr int64_t kWBlockBytes = 96 * 1024;
 // Below this much work per thread (in FMAs, a weight counting as >= 4 since streaming it
 // costs about that), waking another thread costs more than it saves.
 constexpr int64_t kMinFmaPerThread = 1 << 18;
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // y[m * ldy + n * ldyn] (+)= sum_{k < kc} x[m * ldx + k] * w[n * ldw + k] for an MT x NT
 // tile; x rows are in registers (MT), W vectors are widened one at a time, MT * NT
