@@ -26,8 +26,11 @@ from common import machine_info, plot_bars, run_isolated, save, vllm_env  # noqa
 # models are instruction-tuned: the document and the question go through the model's chat
 # template, as a user's chat request would. Article 2 is ~250 tokens, so every measured token
 # of the answer is a quote (a one-paragraph quote left the model writing its own text after
-# ~40 tokens; a raw-text prompt made it continue with invented dialogue).
-QUESTION = "\n\nQuote Article 2 (Material scope) of the text above in full, word for word."
+# ~40 tokens; a raw-text prompt made it continue with invented dialogue). "with all its
+# paragraphs": without it the 1.5B quoted only paragraph 1 at 1K context and stopped after ~40
+# tokens, so the rest of the 64 measured (ignore_eos) tokens were its own invented dialogue.
+QUESTION = ("\n\nQuote Article 2 (Material scope) of the text above in full, word for word, "
+            "with all its paragraphs.")
 DOC_MARK = "\u0000DOC\u0000"
 
 
