@@ -22,7 +22,8 @@
 // query, its mask row and the keys, never on the other rows or the thread count (chunk
 // boundaries are fixed; every sum runs per lane in key / dim order), so a verify row equals
 // the decode row at the same position when the masks select the same keys in the same
-// chunks. Masked keys contribute exactly 0.
+// chunks. Masked keys contribute exactly 0 (p = 0 times a finite V row: the slot list only
+// names slots whose KV was written, a verify's tree tokens before its attention runs).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
