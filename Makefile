@@ -25,7 +25,7 @@ serve: install
 	$(BIN)/python -m sglang.launch_server --port $(PORT) $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider test $(ARGS)
+	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -p no:cacheprovider test $(ARGS)
 
 bench: install
 	$(BIN)/python benchmark/decode_throughput/bench_decode.py $(ARGS)

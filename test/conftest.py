@@ -13,6 +13,44 @@ if importlib.util.find_spec("sglang") is None:
     sys.path.insert(0, _PYTHON_DIR)
 
 
+def pytest_report_header(config: pytest.Config) -> list:
+    """What a slow or stuck CI run needs to be read: the CPUs this process may use (an
+    affinity or cgroup quota smaller than the machine makes OpenMP oversubscribe), torch's
+    thread count, and whether the CPU kernels are built (building them here, once, before
+    any server process could race for the build)."""
+    import torch
+
+    lines = [f"cpus: os {os.cpu_count()}, affinity {len(os.sched_getaffinity(0))}, "
+             f"torch threads {torch.get_num_threads()}"]
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            lines[0] += f", cgroup cpu.max {f.read().strip()}"
+    except OSError:
+        pass
+    kernel_dir = os.path.join(os.path.dirname(_PYTHON_DIR), "sgl-kernel")
+    if importlib.util.find_spec("sgl_kernel") is None and kernel_dir not in sys.path:
+        sys.path.insert(0, kernel_dir)
+    try:
+        import time
+
+        from sgl_kernel import cpu
+
+        import faulthandler
+
+        t0 = time.time()
+        # A build that hangs would hang the run before any test's timeout applies.
+        faulthandler.dump_traceback_later(900, exit=True)
+        try:
+            ok = cpu.is_available()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        state = f"built ({time.time() - t0:.0f} s)" if ok else cpu.unavailable_reason()
+        lines.append(f"sgl_kernel cpu: {state}, {cpu.build_dir()}")
+    except Exception as e:  # a header must never stop the run
+        lines.append(f"sgl_kernel cpu: {type(e).__name__}: {e}")
+    return lines
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     from sglang.test.fixtures import build_tiny_model

@@ -10,12 +10,12 @@ when it is False (no compiler or ninja, no AVX2/FMA, build error) callers use to
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
 import sys
 import threading
-import time
 from types import ModuleType
 from typing import Optional
 
@@ -24,8 +24,6 @@ import torch
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = ("bindings.cpp", "small_m_linear.cpp", "decode_attention.cpp", "elementwise.cpp")
 _EXT_NAME = "sgl_cpu_linear"
-# A build lock older than this was left by a killed build; torch would wait on it forever.
-_STALE_LOCK_S = 15 * 60
 
 _lock = threading.Lock()
 _module: Optional[ModuleType] = None
@@ -75,17 +73,25 @@ def _load() -> Optional[ModuleType]:
 
             out = build_dir()
             os.makedirs(out, exist_ok=True)
-            lock = os.path.join(out, "lock")
-            if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > _STALE_LOCK_S:
-                os.remove(lock)
-            _module = load(
-                name=_EXT_NAME,
-                sources=[os.path.join(_CSRC, s) for s in _SOURCES],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                extra_ldflags=["-fopenmp"],
-                build_directory=out,
-                verbose=False,
-            )
+            # torch's own build lock ("lock", made with O_EXCL) outlives a killed builder and
+            # then makes every later process wait forever. An flock dies with its holder, so
+            # whoever holds ours knows any torch lock it finds is stale and removes it.
+            with open(os.path.join(out, "build.flock"), "a") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                try:
+                    lock = os.path.join(out, "lock")
+                    if os.path.exists(lock):
+                        os.remove(lock)
+                    _module = load(
+                        name=_EXT_NAME,
+                        sources=[os.path.join(_CSRC, s) for s in _SOURCES],
+                        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                        extra_ldflags=["-fopenmp"],
+                        build_directory=out,
+                        verbose=False,
+                    )
+                finally:
+                    fcntl.flock(guard, fcntl.LOCK_UN)
         except Exception as e:  # no compiler, no ninja, compile error: callers use torch
             _error = f"{type(e).__name__}: {e}"
         return _module
