@@ -41,12 +41,18 @@ def _cpu_flags() -> set:
     return set()
 
 
+def _march() -> str:
+    """-march for the build: the CPU's own, or SGL_KERNEL_MARCH (e.g. "haswell" to build and
+    test the AVX2-only code on a CPU with AVX-512, as on a CI machine without it)."""
+    return os.environ.get("SGL_KERNEL_MARCH", "native")
+
+
 def build_dir() -> str:
     """Where the extension is built and cached: one folder per CPU flags + torch + Python
     (-march=native code only runs on CPUs like the one that built it) + source text (two
     checkouts of different versions, e.g. a benchmark's snapshot and a working tree, would
     otherwise rebuild over each other's build)."""
-    flags = " ".join(sorted(_cpu_flags()))
+    flags = " ".join(sorted(_cpu_flags())) + f"|march={_march()}"
     src = hashlib.sha1()
     for name in sorted(os.listdir(_CSRC)):
         with open(os.path.join(_CSRC, name), "rb") as f:
@@ -85,7 +91,7 @@ def _load() -> Optional[ModuleType]:
                     _module = load(
                         name=_EXT_NAME,
                         sources=[os.path.join(_CSRC, s) for s in _SOURCES],
-                        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                        extra_cflags=["-O3", f"-march={_march()}", "-fopenmp"],
                         extra_ldflags=["-fopenmp"],
                         build_directory=out,
                         verbose=False,
