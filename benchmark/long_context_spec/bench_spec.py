@@ -62,6 +62,10 @@ CONFIGS = {
                              speculative_eagle_topk=4, speculative_num_draft_tokens=6),
     "ngram": dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=10),
     "ngram_k4": dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4),
+    # where the CPU has AVX512-BF16 a verify of up to 10 rows reads W once at near 1 row's
+    # cost, so wider n-gram drafts pay off there
+    "ngram_k6": dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=6),
+    "ngram_k8": dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=8),
     "ngram_adaptive": dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=10,
                            speculative_disable_cost_model=False,
                            speculative_fallback_threshold=0.5),

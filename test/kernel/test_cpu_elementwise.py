@@ -61,8 +61,10 @@ def test_rmsnorm_matches_torch(dtype, rows, dim, seed):
     x = (torch.randn(rows, dim) * 3).to(dtype)
     r = torch.randn(rows, dim).to(dtype)
     w = (torch.rand(dim) + 0.5).to(dtype)
-    # torch's own float mean of squares is off by an ulp or two; the products round after
-    ulps = 4 if dtype == torch.float32 else 1
+    # torch's own float mean of squares is off by an ulp or two; the products round after.
+    # bf16 rounds twice (the normalised row, then times w): a 1-ulp flip of the first can
+    # come out as 2 ulps of the result (seen once in ~20K values at seed 1360741716).
+    ulps = 4 if dtype == torch.float32 else 2
     assert_within_ulps(cpu.rmsnorm(x, w, 1e-6), torch_rmsnorm(x, w, 1e-6), ulps, dtype)
     out, s = cpu.rmsnorm(x, w, 1e-6, residual=r)
     assert torch.equal(s, x + r), f"seed {seed}: the residual sum is torch's, exactly"

@@ -65,9 +65,11 @@ def test_blocked_paths(xd: str, wd: str, seed: int) -> None:
                f"seed={seed} x={xd} w={wd} M={m} K={k} N={n}")
 
 
-def test_same_bits_for_any_thread_count(seed: int) -> None:
-    """Each output has one fixed summation order, however N is split across threads."""
-    x, w = torch.randn(9, 1000), torch.randn(333, 1000).bfloat16()
+@pytest.mark.parametrize("xd", ["f32", "bf16"])
+def test_same_bits_for_any_thread_count(xd: str, seed: int) -> None:
+    """Each output has one fixed summation order, however N is split across threads (bf16 x
+    with bf16 W is the AVX512-BF16 kernel where the CPU has it)."""
+    x, w = torch.randn(9, 1000).to(DTYPES[xd]), torch.randn(333, 1000).bfloat16()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -77,6 +79,25 @@ def test_same_bits_for_any_thread_count(seed: int) -> None:
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, many), f"seed={seed}"
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+def test_row_bits_do_not_depend_on_the_other_rows(dt: str, seed: int) -> None:
+    """A verify pass of M draft tokens gives each row exactly what a 1-row decode of it gives
+    (what keeps greedy speculation equal to plain decoding token for token): for fp32, up to
+    the 6 rows one AVX2 sweep takes; for bf16 on AVX512-BF16, up to its 10."""
+    isa = cpu.linear_isa()
+    if dt == "bf16" and isa != "avx512bf16":
+        pytest.skip("bf16 rows share AVX2 sweeps of different shapes (5-6 rows: two sums)")
+    max_rows = 10 if dt == "bf16" else 6
+    k, n = 1000, 203  # K not a multiple of 32: the masked tail step too
+    w, b = torch.randn(n, k).to(DTYPES[dt]), torch.randn(n).to(DTYPES[dt])
+    for m in range(1, max_rows + 1):
+        x = torch.randn(m, k).to(DTYPES[dt])
+        y = cpu.small_m_linear(x, w, b)
+        for i in range(m):
+            assert torch.equal(y[i:i + 1], cpu.small_m_linear(x[i:i + 1], w, b)), (
+                f"seed={seed} {isa} M={m} row {i}")
 
 
 def test_shapes_and_views(seed: int) -> None:

@@ -131,6 +131,12 @@ def small_m_linear(x: torch.Tensor, weight: torch.Tensor,
     return mod.small_m_linear(x2, weight, bias).reshape(*lead, weight.shape[0])
 
 
+def linear_isa() -> str:
+    """"avx512bf16" where small_m_linear runs bf16 x times bf16 W on VDPBF16PS (4x the
+    multiply-adds of AVX2 per instruction), else "avx2"."""
+    return _mod().linear_isa()
+
+
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                      idx: torch.Tensor, mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
     """Attention of q [T, H, hd] over the pool rows k_buf[idx] / v_buf[idx] ([S, KVH, hd] /
@@ -177,5 +183,5 @@ def rotary_embedding(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tens
     _mod().rotary_embedding(x, heads, head_dim, cos, sin)
 
 
-__all__ = ["build_dir", "decode_attention", "is_available", "rmsnorm", "rotary_embedding",
+__all__ = ["build_dir", "decode_attention", "is_available", "linear_isa", "rmsnorm", "rotary_embedding",
            "silu_and_mul", "small_m_linear", "unavailable_reason"]

@@ -13,6 +13,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm", &sgl_cpu::rmsnorm, "RMSNorm (HF numerics), the residual add fused",
         py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("residual") = py::none());
   m.def("silu_and_mul", &sgl_cpu::silu_and_mul, "silu(gate) * up of x [M, 2d]", py::arg("x"));
+  m.def("linear_isa", &sgl_cpu::linear_isa,
+        "the instruction set small_m_linear uses for bf16 x and bf16 W");
   m.def("rotary_embedding", &sgl_cpu::rotary_embedding, "rotary embedding in place (rotate_half)",
         py::arg("x"), py::arg("heads"), py::arg("head_dim"), py::arg("cos"), py::arg("sin"));
 }

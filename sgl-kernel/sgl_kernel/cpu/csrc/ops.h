@@ -11,6 +11,9 @@ at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& weight,
 
 // Attention of q [T, H, hd] over the pool rows k_buf[idx], v_buf[idx] (grouped-query heads),
 // with an optional bool mask [T, L]; returns [T, H, vd] in q's dtype.
+// "avx512bf16" where bf16 x times bf16 W runs on VDPBF16PS, else "avx2".
+std::string linear_isa();
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                             const at::Tensor& idx, const c10::optional<at::Tensor>& mask,
                             double scale);

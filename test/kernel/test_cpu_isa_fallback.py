@@ -1,0 +1,37 @@
+"""The AVX2-only kernels, built and tested on a CPU that would otherwise take its AVX-512
+paths: a machine without AVX-512 (as a CI or user machine may be) runs this code, so it is
+tested wherever the suite runs. Builds a second copy of the extension (~2 min, cached)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sgl_kernel import cpu
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+
+def test_avx2_kernels_pass_the_kernel_tests() -> None:
+    if not cpu.is_available():
+        pytest.skip(f"CPU kernels unavailable: {cpu.unavailable_reason()}")
+    if cpu.linear_isa() == "avx2" and os.environ.get("SGL_KERNEL_MARCH") is None:
+        pytest.skip("the native build is the AVX2 code already: the other kernel tests ran it")
+    env = dict(os.environ, SGL_KERNEL_MARCH="haswell",
+               PYTHONPATH=os.pathsep.join([os.path.join(_ROOT, "sgl-kernel"),
+                                           os.path.join(_ROOT, "python"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    files = [os.path.join(_HERE, f) for f in ("test_cpu_linear.py", "test_cpu_decode_attention.py",
+                                               "test_cpu_elementwise.py")]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--timeout", "600", *files],
+                         capture_output=True, text=True, timeout=900, env=env, cwd=_ROOT)
+    tail = (out.stdout + out.stderr)[-3000:]
+    assert out.returncode == 0, tail
+    probe = subprocess.run([sys.executable, "-c", "from sgl_kernel import cpu; print(cpu.linear_isa())"],
+                           capture_output=True, text=True, timeout=900, env=env, cwd=_ROOT)
+    assert probe.stdout.strip() == "avx2", probe.stdout + probe.stderr
