@@ -13,6 +13,20 @@ if importlib.util.find_spec("sglang") is None:
     sys.path.insert(0, _PYTHON_DIR)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The kernel build (in the header below) and collection run before any test's timeout
+    # applies: if either hangs, print every thread's stack and end the run.
+    import faulthandler
+
+    faulthandler.dump_traceback_later(1200, exit=True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    import faulthandler
+
+    faulthandler.cancel_dump_traceback_later()
+
+
 def pytest_report_header(config: pytest.Config) -> list:
     """What a slow or stuck CI run needs to be read: the CPUs this process may use (an
     affinity or cgroup quota smaller than the machine makes OpenMP oversubscribe), torch's
@@ -35,15 +49,8 @@ def pytest_report_header(config: pytest.Config) -> list:
 
         from sgl_kernel import cpu
 
-        import faulthandler
-
         t0 = time.time()
-        # A build that hangs would hang the run before any test's timeout applies.
-        faulthandler.dump_traceback_later(900, exit=True)
-        try:
-            ok = cpu.is_available()
-        finally:
-            faulthandler.cancel_dump_traceback_later()
+        ok = cpu.is_available()
         state = f"built ({time.time() - t0:.0f} s)" if ok else cpu.unavailable_reason()
         lines.append(f"sgl_kernel cpu: {state}, {cpu.build_dir()}")
     except Exception as e:  # a header must never stop the run
