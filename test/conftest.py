@@ -11,6 +11,9 @@ import pytest
 _PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
 if importlib.util.find_spec("sglang") is None:
     sys.path.insert(0, _PYTHON_DIR)
+_KERNEL_DIR = os.path.join(os.path.dirname(_PYTHON_DIR), "sgl-kernel")
+if importlib.util.find_spec("sgl_kernel") is None:
+    sys.path.insert(0, _KERNEL_DIR)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,9 +44,6 @@ def pytest_report_header(config: pytest.Config) -> list:
             lines[0] += f", cgroup cpu.max {f.read().strip()}"
     except OSError:
         pass
-    kernel_dir = os.path.join(os.path.dirname(_PYTHON_DIR), "sgl-kernel")
-    if importlib.util.find_spec("sgl_kernel") is None and kernel_dir not in sys.path:
-        sys.path.insert(0, kernel_dir)
     try:
         import time
 

@@ -1,19 +1,12 @@
-"""Shared setup of the CPU kernel tests: `sgl_kernel` importable from the checkout, and a
-fresh random seed per test (printed in failure messages)."""
+"""Shared setup of the CPU kernel tests: a fresh random seed per test (printed in failure
+messages). `sgl_kernel` is importable from the checkout through test/conftest.py."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
-import sys
 
 import pytest
 import torch
-
-if importlib.util.find_spec("sgl_kernel") is None:
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))), "sgl-kernel"))
 
 
 @pytest.fixture

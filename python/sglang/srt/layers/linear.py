@@ -34,21 +34,9 @@ from torch import nn
 KERNEL_MAX_ROWS_BF16 = 64
 KERNEL_MAX_ROWS_FP32 = 32
 KERNEL_MAX_ROWS_BF16_AMX = 10  # the AVX512-BF16 kernel's one sweep of W
-
-
-def _cpu_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return flag in line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return False
-
-
-# torch's bf16 GEMM runs on AMX here: large bf16 products stay in bf16 (see the docstring)
-BF16_GEMM_NATIVE = _cpu_has("amx_bf16")
+# torch's bf16 GEMM runs on AMX here (torch's own check, the one its oneDNN GEMM goes by):
+# large bf16 products stay in bf16 (see the docstring)
+BF16_GEMM_NATIVE = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 # weight dtype -> most rows sent to the kernel; also the dtypes the kernel takes.
 _KERNEL_ROWS = {torch.bfloat16: KERNEL_MAX_ROWS_BF16, torch.float32: KERNEL_MAX_ROWS_FP32}

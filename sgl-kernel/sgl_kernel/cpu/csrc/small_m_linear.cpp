@@ -170,7 +170,12 @@ void tile(const float* __restrict x, int64_t ldx, const WT* __restrict w, int64_
   }
 }
 
+// Compiled for a CPU with AVX512-BF16 (-march=native there): the VDPBF16PS kernel exists.
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define SGL_CPU_DP 1
+#endif
+
+#ifdef SGL_CPU_DP
 
 inline __m512bh load_bh(const bf16* p) {
   return (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(p));
@@ -229,8 +234,7 @@ void tile_dp(const bf16* __restrict x, int64_t ldx, const bf16* __restrict w, in
     }
   }
 }
-#else
-#endif
+#endif  // SGL_CPU_DP
 
 constexpr int kMaxMT = 6;   // rows of x one AVX2 sweep over W takes
 constexpr int kMaxMTDp = 10;  // ... and one AVX512-BF16 sweep
@@ -259,7 +263,7 @@ struct Avx2Kind {
   static constexpr TileFn<XT, WT> fn() { return &tile<MT, NT, WT>; }
 };
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#ifdef SGL_CPU_DP
 struct DpKind {
   using XT = bf16;
   static constexpr const int* nt_for = kNtForDp;
@@ -446,7 +450,7 @@ at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& weight,
   if (K == 0) return b.has_value() ? b->to(x.scalar_type()).expand({M, N}).contiguous() : out.zero_();
   at::Tensor xc = x.contiguous();
   at::Tensor w = weight.contiguous();  // a copy only for a non-contiguous view
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#ifdef SGL_CPU_DP
   if (xc.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16) {
     dispatch_out<DpKind, bf16>(xc.data_ptr<bf16>(), M, K, w.data_ptr<bf16>(), N, b, out);
     return out;
@@ -470,7 +474,7 @@ at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& weight,
 }
 
 std::string linear_isa() {
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#ifdef SGL_CPU_DP
   return "avx512bf16";
 #else
   return "avx2";
