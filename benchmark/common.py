@@ -23,17 +23,17 @@ def machine_info() -> Dict[str, Any]:
                     break
     except OSError:
         pass
-    isa = "unavailable"  # which inner kernel our bf16 linear layers ran on
+    isa = attn_isa = "unavailable"  # which inner kernels our bf16 linear / attention ran on
     try:
         from sgl_kernel import cpu as kernels
 
         if kernels.is_available():
-            isa = kernels.linear_isa()
+            isa, attn_isa = kernels.linear_isa(), kernels.attention_isa()
     except Exception:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "python": platform.python_version(), "torch": torch.__version__,
-            "kernel_isa": isa, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "kernel_isa": isa, "attention_isa": attn_isa, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def copy_bandwidth_gbs(mb: int = 512, repeats: int = 5) -> float:

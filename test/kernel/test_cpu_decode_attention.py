@@ -33,17 +33,22 @@ def reference(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, idx: torch.Te
     return torch.einsum("thl,lhd->thd", torch.softmax(s, -1), v)
 
 
+# bf16 q, K and V with head dims that are multiples of 32 take the AMX path on CPUs with AMX
+# (attention_isa() "avx512bf16"), other bf16 shapes the VDPBF16PS one; fp32 the AVX2 one.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("keys,kvh,g,hd,rows", [
     (1, 1, 1, 8, 1), (37, 1, 1, 8, 3), (129, 2, 6, 128, 1), (700, 3, 3, 64, 5),
-    (2100, 2, 7, 64, 1), (300, 4, 1, 16, 16),
+    (2100, 2, 7, 64, 1), (300, 4, 1, 16, 16), (517, 2, 6, 128, 7), (200, 1, 20, 32, 3),
 ])
+@pytest.mark.parametrize("order", ["shuffled", "runs"])
 def test_matches_reference(dtype: torch.dtype, keys: int, kvh: int, g: int, hd: int, rows: int,
-                           seed: int) -> None:
+                           order: str, seed: int) -> None:
     pool = keys + 50
     kb, vb = torch.randn(pool, kvh, hd).to(dtype), torch.randn(pool, kvh, hd).to(dtype)
     q = torch.randn(rows, kvh * g, hd).to(dtype)
-    idx = torch.randperm(pool)[:keys]  # any order: runs, trees, a draft's view
+    # any order: a draft's view, a tree; or consecutive runs (a cached document, a
+    # question), which the AMX path loads from the pool without a copy
+    idx = torch.randperm(pool)[:keys] if order == "shuffled" else torch.arange(keys) + 7
     mask = None
     if rows > 1:
         mask = torch.rand(rows, keys) < 0.6
@@ -56,18 +61,25 @@ def test_matches_reference(dtype: torch.dtype, keys: int, kvh: int, g: int, hd: 
     assert err <= tol, f"seed {seed}: max error {err:.2e}"
 
 
-def test_row_independent_of_batch_and_masked_tail(seed: int) -> None:
+@pytest.mark.parametrize("dtype,hd", [(torch.float32, 64), (torch.bfloat16, 64),
+                                      (torch.bfloat16, 128), (torch.bfloat16, 16)])
+@pytest.mark.parametrize("keys", [1000, 1024 + 16])
+def test_row_independent_of_batch_and_masked_tail(dtype: torch.dtype, hd: int, keys: int,
+                                                  seed: int) -> None:
     """A verify row (masked, other rows beside it, tree keys after its own) gives exactly
-    the decode row's result over the same keys: speculative greedy output relies on it."""
-    kvh, g, hd, keys, extra = 2, 6, 64, 1000, 7
-    kb, vb = torch.randn(keys + extra, kvh, hd), torch.randn(keys + extra, kvh, hd)
-    q = torch.randn(4, kvh * g, hd)
+    the decode row's result over the same keys: speculative greedy output relies on it.
+    Keys: the verify's tree tokens fall inside the decode row's last chunk, or past it."""
+    kvh, g, extra, rows = 2, 6, 7, 6  # 36 query rows per KV head: more than two 16-row tiles
+    kb = torch.randn(keys + extra, kvh, hd).to(dtype)
+    vb = torch.randn(keys + extra, kvh, hd).to(dtype)
+    q = torch.randn(rows, kvh * g, hd).to(dtype)
     idx = torch.arange(keys + extra)
-    alone = cpu.decode_attention(q[2:3], kb, vb, idx[:keys], None, 0.125)
-    mask = torch.ones(4, keys + extra, dtype=torch.bool)
-    mask[2, keys:] = False  # row 2 must not see the tree's other tokens
+    idx[100:300] = idx[100:300].flip(0)  # a run of slots out of order among consecutive ones
+    alone = cpu.decode_attention(q[4:5], kb, vb, idx[:keys], None, 0.125)
+    mask = torch.ones(rows, keys + extra, dtype=torch.bool)
+    mask[4, keys:] = False  # row 4 must not see the tree's other tokens
     together = cpu.decode_attention(q, kb, vb, idx, mask, 0.125)
-    assert torch.equal(together[2], alone[0]), f"seed {seed}"
+    assert torch.equal(together[4], alone[0]), f"seed {seed}"
 
 
 def test_row_that_sees_nothing_is_zero_and_bad_index_raises() -> None:

@@ -35,3 +35,22 @@ def test_avx2_kernels_pass_the_kernel_tests() -> None:
     probe = subprocess.run([sys.executable, "-c", "from sgl_kernel import cpu; print(cpu.linear_isa())"],
                            capture_output=True, text=True, timeout=900, env=env, cwd=_ROOT)
     assert probe.stdout.strip() == "avx2", probe.stdout + probe.stderr
+
+
+def test_vdpbf16ps_attention_without_amx_passes_the_attention_tests() -> None:
+    """On a CPU with AMX, bf16 attention takes the tile path; CPUs with AVX512-BF16 but no AMX
+    (and processes Linux refuses AMX state) take the VDPBF16PS one: SGL_KERNEL_NO_AMX=1 runs
+    the attention tests through it here, with the same build."""
+    if not cpu.is_available() or cpu.attention_isa() != "amx-bf16":
+        pytest.skip("no AMX attention on this CPU: the other tests ran the path it has")
+    env = dict(os.environ, SGL_KERNEL_NO_AMX="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(_ROOT, "sgl-kernel"),
+                                           os.path.join(_ROOT, "python"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--timeout", "600", os.path.join(_HERE, "test_cpu_decode_attention.py")],
+                         capture_output=True, text=True, timeout=900, env=env, cwd=_ROOT)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    probe = subprocess.run([sys.executable, "-c", "from sgl_kernel import cpu; print(cpu.attention_isa())"],
+                           capture_output=True, text=True, timeout=900, env=env, cwd=_ROOT)
+    assert probe.stdout.strip() == "avx512bf16", probe.stdout + probe.stderr

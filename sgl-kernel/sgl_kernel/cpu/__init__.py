@@ -22,7 +22,8 @@ from typing import Optional
 import torch
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = ("bindings.cpp", "small_m_linear.cpp", "decode_attention.cpp", "elementwise.cpp")
+_SOURCES = ("bindings.cpp", "small_m_linear.cpp", "decode_attention.cpp", "decode_attention_dp.cpp",
+            "elementwise.cpp")
 _EXT_NAME = "sgl_cpu_linear"
 
 _lock = threading.Lock()
@@ -137,6 +138,14 @@ def linear_isa() -> str:
     return _mod().linear_isa()
 
 
+def attention_isa() -> str:
+    """What decode_attention of bf16 q, K and V runs on: "amx-bf16" (both products on AMX
+    tiles, head dims multiples of 32 up to 128), "avx512bf16" (VDPBF16PS, 16 query rows per
+    instruction, K read as stored; also where AMX is absent or SGL_KERNEL_NO_AMX=1) or
+    "avx2"."""
+    return _mod().attention_isa()
+
+
 def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                      idx: torch.Tensor, mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
     """Attention of q [T, H, hd] over the pool rows k_buf[idx] / v_buf[idx] ([S, KVH, hd] /
@@ -183,5 +192,5 @@ def rotary_embedding(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tens
     _mod().rotary_embedding(x, heads, head_dim, cos, sin)
 
 
-__all__ = ["build_dir", "decode_attention", "is_available", "linear_isa", "rmsnorm", "rotary_embedding",
-           "silu_and_mul", "small_m_linear", "unavailable_reason"]
+__all__ = ["attention_isa", "build_dir", "decode_attention", "is_available", "linear_isa", "rmsnorm",
+           "rotary_embedding", "silu_and_mul", "small_m_linear", "unavailable_reason"]

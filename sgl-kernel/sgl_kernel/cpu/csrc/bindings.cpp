@@ -15,6 +15,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &sgl_cpu::silu_and_mul, "silu(gate) * up of x [M, 2d]", py::arg("x"));
   m.def("linear_isa", &sgl_cpu::linear_isa,
         "the instruction set small_m_linear uses for bf16 x and bf16 W");
+  m.def("attention_isa", &sgl_cpu::attention_isa,
+        "the instruction set decode_attention uses for bf16 q, K and V");
   m.def("rotary_embedding", &sgl_cpu::rotary_embedding, "rotary embedding in place (rotate_half)",
         py::arg("x"), py::arg("heads"), py::arg("head_dim"), py::arg("cos"), py::arg("sin"));
 }

@@ -9,14 +9,17 @@ namespace sgl_cpu {
 at::Tensor small_m_linear(const at::Tensor& x, const at::Tensor& weight,
                           const c10::optional<at::Tensor>& bias);
 
-// Attention of q [T, H, hd] over the pool rows k_buf[idx], v_buf[idx] (grouped-query heads),
-// with an optional bool mask [T, L]; returns [T, H, vd] in q's dtype.
 // "avx512bf16" where bf16 x times bf16 W runs on VDPBF16PS, else "avx2".
 std::string linear_isa();
 
+// Attention of q [T, H, hd] over the pool rows k_buf[idx], v_buf[idx] (grouped-query heads),
+// with an optional bool mask [T, L]; returns [T, H, vd] in q's dtype.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                             const at::Tensor& idx, const c10::optional<at::Tensor>& mask,
                             double scale);
+
+// What decode_attention of bf16 q, K and V runs on: "amx-bf16", "avx512bf16" or "avx2".
+std::string attention_isa();
 
 // RMSNorm of x [M, D] (HF numerics); with a residual, of x + residual, returning
 // [normed, x + residual] (else [normed]).
