@@ -185,14 +185,15 @@ inline void prefetch_row(const T* row, int64_t dim) {  // into L2
 }
 
 // Scores sv[j * 16 + i] (key j < n, row lane i < nl of row vector v; unscaled) become
-// exp(scale * s - m) with m the lane's max over the chunk, written in place; m and l (the sum)
-// of each lane go to m_out[i], l_out[i]. mask (offset to the chunk's first key, or null when
-// every row sees every key of the chunk): masked keys score -inf, so their exp is exactly 0.
+// exp(scale * s - m) with m the lane's max of scale * s over the chunk, written in place; m
+// and l (the sum) of each lane go to m_out[i], l_out[i]. The max is taken before scaling
+// (scale > 0, so fl(scale * max) is the max of the scaled scores) and the scaling rides in
+// the exponent's FMA: two passes over the scores, not three. mask (offset to the chunk's
+// first key, or null when every row sees every key of the chunk): masked keys score -inf, so
+// their exp is exactly 0.
 inline void softmax_lanes(const Shapes& s, float* sv, int64_t n, int nl, int64_t v,
                           const bool* mask, float* m_out, float* l_out) {
   const __m512 scale = _mm512_set1_ps(s.scale);
-  for (int64_t j = 0; j < n; ++j)
-    _mm512_storeu_ps(sv + j * kLanes, _mm512_mul_ps(_mm512_loadu_ps(sv + j * kLanes), scale));
   if (mask != nullptr) {
     for (int i = 0; i < nl; ++i) {
       const bool* mrow = mask + ((v * kLanes + i) / s.G) * s.L;
@@ -202,12 +203,13 @@ inline void softmax_lanes(const Shapes& s, float* sv, int64_t n, int nl, int64_t
   }
   __m512 m16 = _mm512_set1_ps(kNegInf);
   for (int64_t j = 0; j < n; ++j) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(sv + j * kLanes));
+  m16 = _mm512_mul_ps(m16, scale);
   // a lane that sees no key of this chunk subtracts 0, so its exps are 0 (not NaN)
   const __mmask16 none = _mm512_cmp_ps_mask(m16, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);
   const __m512 msub = _mm512_maskz_mov_ps(static_cast<__mmask16>(~none), m16);
   __m512 l16 = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
-    const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(sv + j * kLanes), msub));
+    const __m512 p = exp16(_mm512_fmsub_ps(_mm512_loadu_ps(sv + j * kLanes), scale, msub));
     _mm512_storeu_ps(sv + j * kLanes, p);
     l16 = _mm512_add_ps(l16, p);
   }
