@@ -16,6 +16,7 @@
 // the keys (per-lane sums in key / pair order; chunks fixed), so a verify row equals the
 // decode row at the same position bitwise; masked keys contribute exactly 0.
 #include "decode_attention.h"
+#include "vec.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -57,29 +58,15 @@ bool has_dp() { return true; }
 namespace {
 
 using bf16 = at::BFloat16;
+namespace vec = sgl_cpu::vec;
 constexpr int64_t kLanes = 16;  // query rows per zmm
 constexpr int64_t kBlock = 8;   // keys scored together (one accumulator each)
 
-// e^x for 16 lanes, x <= 0; lanes below kExpFloor give exactly 0 (Cephes' degree-5
-// polynomial after reduction to [-ln2/2, ln2/2], relative error ~1e-7, as vec::exp8_in_range).
+// e^x for 16 lanes, x <= 0; lanes below kExpFloor give exactly 0.
 inline __m512 exp16(__m512 x) {
   const __m512 floor_v = _mm512_set1_ps(kExpFloor);
   const __mmask16 keep = _mm512_cmp_ps_mask(x, floor_v, _CMP_NLT_UQ);
-  x = _mm512_max_ps(x, floor_v);
-  __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
-  fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+  return _mm512_maskz_mov_ps(keep, vec::exp_in_range<vec::Lanes16>(_mm512_max_ps(x, floor_v)));
 }
 
 inline __m512bh pair_bcast(const bf16* p) {  // (p[0], p[1]) in every lane
