@@ -93,12 +93,6 @@ std::vector<float> transpose_queries(const Shapes& s, const QT* q) {
   return qT;
 }
 
-template <typename T>
-inline void prefetch_row(const T* row, int64_t dim) {  // into L2
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t o = 0; o < dim * int64_t(sizeof(T)); o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
-}
-
 // This head's K rows of keys idx[0:n] (n <= 8) as fp32 rows buf[u * hd : (u + 1) * hd]
 // (copied even when already fp32: fixed offsets from one base keep the score loop's
 // address arithmetic to one register). Rows past n are zeros (their scores are never used).
@@ -191,25 +185,13 @@ void chunk_partials(const Shapes& s, const float* qT, const KT* kb, const KT* vb
                     const int64_t* next_idx, int64_t next_n, Scratch& w, float* m_out,
                     float* l_out, float* acc_out) {
   const int64_t n = c1 - c0, hd = s.hd, vd = s.vd;
-  // Most chunks are seen whole by every row (only a verify's own tokens are masked): those
-  // skip the per-lane masking.
-  bool masked = false;
-  for (int64_t t = 0; mask != nullptr && t < s.T && !masked; ++t) {
-    const bool* mrow = mask + t * s.L + c0;
-    masked = std::memchr(mrow, 0, n) != nullptr;  // a bool is one byte, 0 or 1
-  }
+  const bool masked = attn::chunk_masked(s, mask, c0, n);
   const KT* vp[kChunk];
   for (int64_t h = 0; h < s.KVH; ++h) {
     const float* qh = qT + h * s.RV * hd * kLanes;
     for (int64_t j = 0; j < n; ++j) vp[j] = vb + idx[c0 + j] * s.v_ss + h * s.v_sh;
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
-      // The rows are scattered (idx), so the hardware prefetchers miss them and a row read
-      // on demand waits on DRAM: the next chunk's rows of this head are fetched into L2
-      // while this chunk computes, a few per block to keep the miss queues from filling.
-      for (int64_t j = j0; j < std::min(j0 + kBlock, next_n); ++j) {
-        prefetch_row(kb + next_idx[j] * s.k_ss + h * s.k_sh, hd);
-        prefetch_row(vb + next_idx[j] * s.v_ss + h * s.v_sh, vd);
-      }
+      attn::prefetch_next(s, kb, vb, next_idx, next_n, j0, j0 + kBlock, h);
       key_block(kb, s.k_ss, s.k_sh, idx + c0 + j0, std::min(kBlock, n - j0), h, hd, w.kf.data());
       for (int64_t v = 0; v < s.RV; ++v)  // the 8 key rows stay in L1 across the row vectors
         score_block_any(qh + v * hd * kLanes, w.kf.data(), hd,
@@ -293,16 +275,12 @@ void run(const Shapes& s, const QT* q, const KT* kb, const KT* vb, const int64_t
     }
   }
   const std::vector<float> qT = transpose_queries(s, q);
-  at::parallel_for(0, nchunks, 1, [&](int64_t b, int64_t e) {
-    Scratch w(s.hd, s.RV);
-    for (int64_t c = b; c < e; ++c) {
-      const int64_t c0 = c * kChunk, c1 = std::min(s.L, c0 + kChunk);
-      // the keys of this thread's next chunk, prefetched while this one computes
-      const int64_t next_n = c + 1 < e ? std::min(s.L, c1 + kChunk) - c1 : 0;
-      chunk_partials(s, qT.data(), kb, vb, idx, mask, c0, c1, idx + c1, next_n, w,
-                     m.get() + c * per, l.get() + c * per, acc.get() + c * per * s.vd);
-    }
-  });
+  attn::for_each_chunk(
+      s, [&] { return Scratch(s.hd, s.RV); },
+      [&](Scratch& w, int64_t c, int64_t c0, int64_t c1, int64_t next_n) {
+        chunk_partials(s, qT.data(), kb, vb, idx, mask, c0, c1, idx + c1, next_n, w,
+                       m.get() + c * per, l.get() + c * per, acc.get() + c * per * s.vd);
+      });
   merge(s, m.get(), l.get(), acc.get(), out);
 }
 

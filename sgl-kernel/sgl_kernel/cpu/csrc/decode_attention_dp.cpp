@@ -165,12 +165,6 @@ void weighted_v_lanes(int nl, const float* p, const bf16* const* v, int64_t n, i
   ((nl == Ns + 1 ? (weighted_v<Ns + 1>(p, v, n, vd, acc), true) : false) || ...);
 }
 
-template <typename T>
-inline void prefetch_row(const T* row, int64_t dim) {  // into L2
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t o = 0; o < dim * int64_t(sizeof(T)); o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
-}
-
 // Scores sv[j * 16 + i] (key j < n, row lane i < nl of row vector v; unscaled) become
 // exp(scale * s - m) with m the lane's max of scale * s over the chunk, written in place; m
 // and l (the sum) of each lane go to m_out[i], l_out[i]. The max is taken before scaling
@@ -223,9 +217,7 @@ void chunk_partials(const Shapes& s, int64_t RV, const int32_t* qP, const bf16* 
                     const int64_t* next_idx, int64_t next_n, Scratch& w, float* m_out,
                     float* l_out, float* acc_out) {
   const int64_t n = c1 - c0, hd = s.hd, vd = s.vd, P = hd / 2;
-  bool masked = false;  // most chunks are seen whole by every row: those skip the masking
-  for (int64_t t = 0; mask != nullptr && t < s.T && !masked; ++t)
-    masked = std::memchr(mask + t * s.L + c0, 0, n) != nullptr;
+  const bool masked = chunk_masked(s, mask, c0, n);
   const bf16* kp[kChunk];
   const bf16* vp[kChunk];
   for (int64_t h = 0; h < s.KVH; ++h) {
@@ -235,12 +227,7 @@ void chunk_partials(const Shapes& s, int64_t RV, const int32_t* qP, const bf16* 
     }
     const int32_t* qh = qP + h * RV * P * kLanes;
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
-      // scattered rows defeat the hardware prefetchers: the next chunk's rows of this head
-      // are fetched into L2 while this one computes, a few per block
-      for (int64_t j = j0; j < std::min(j0 + kBlock, next_n); ++j) {
-        prefetch_row(kb + next_idx[j] * s.k_ss + h * s.k_sh, hd);
-        prefetch_row(vb + next_idx[j] * s.v_ss + h * s.v_sh, vd);
-      }
+      prefetch_next(s, kb, vb, next_idx, next_n, j0, j0 + kBlock, h);
       const bf16* kr[kBlock];
       for (int64_t u = 0; u < kBlock; ++u) kr[u] = j0 + u < n ? kp[j0 + u] : w.zero_row.data();
       for (int64_t v = 0; v < RV; ++v)  // the 8 key rows stay in L1 across the row vectors
@@ -329,9 +316,15 @@ struct AmxScratch {
   Buffer<bf16> pb;    // P of one row vector [16 rows][kChunk keys] bf16
   Buffer<bf16> vn;    // V in pairs: [kChunk / 32][vd / 16][16 key pairs][32]
   alignas(64) float cbuf[2][16 * 16];
+  // a thread's tile state lives as long as its scratch
   AmxScratch(int64_t hd, int64_t vd, int64_t RV)
       : sT(new float[RV * kChunk * kLanes]), kbuf(new bf16[kTileKeys * hd]),
-        pb(new bf16[kLanes * kChunk]), vn(new bf16[kChunk * vd]) {}
+        pb(new bf16[kLanes * kChunk]), vn(new bf16[kChunk * vd]) {
+    configure_tiles();
+  }
+  ~AmxScratch() { _tile_release(); }
+  AmxScratch(const AmxScratch&) = delete;
+  AmxScratch& operator=(const AmxScratch&) = delete;
 };
 
 // Tile numbers are immediates: A tile a (0..3) is tile a + 1. C tiles 0 and 6 with B tiles 5
@@ -378,9 +371,7 @@ void chunk_partials_amx(const Shapes& s, int64_t RV, const int32_t* qP, const bf
                         float* m_out, float* l_out, float* acc_out) {
   const int64_t n = c1 - c0, hd = s.hd, vd = s.vd, P = hd / 2;
   const int64_t n32 = (n + kPvKeys - 1) / kPvKeys;  // P V steps
-  bool masked = false;
-  for (int64_t t = 0; mask != nullptr && t < s.T && !masked; ++t)
-    masked = std::memchr(mask + t * s.L + c0, 0, n) != nullptr;
+  const bool masked = chunk_masked(s, mask, c0, n);
   // V pairs: (V[2k][c], V[2k + 1][c]) for 16 columns of one 64-byte tile row
   alignas(64) int16_t lo_ix[32], hi_ix[32];
   for (int c = 0; c < 16; ++c)
@@ -389,10 +380,7 @@ void chunk_partials_amx(const Shapes& s, int64_t RV, const int32_t* qP, const bf
   for (int64_t h = 0; h < s.KVH; ++h) {
     const int32_t* qh = qP + h * RV * P * kLanes;
     for (int64_t j0 = 0; j0 < n; j0 += kTileKeys) {
-      for (int64_t j = j0; j < std::min(j0 + kTileKeys, next_n); ++j) {  // as chunk_partials
-        prefetch_row(kb + next_idx[j] * s.k_ss + h * s.k_sh, hd);
-        prefetch_row(vb + next_idx[j] * s.v_ss + h * s.v_sh, vd);
-      }
+      prefetch_next(s, kb, vb, next_idx, next_n, j0, j0 + kTileKeys, h);
       const int64_t nk = std::min(kTileKeys, n - j0);
       const int64_t* ix = idx + c0 + j0;
       bool run = nk == kTileKeys;
@@ -484,33 +472,24 @@ void partials_bf16_dp(const Shapes& s, const bf16* q, const bf16* kb, const bf16
                       const int64_t* idx, const bool* mask, float* m, float* l, float* acc) {
   TORCH_CHECK(s.hd % 2 == 0, "decode_attention: odd head dim");
   const int64_t RV = (s.R + kLanes - 1) / kLanes, per = s.KVH * s.R;
-  const int64_t nchunks = (s.L + kChunk - 1) / kChunk;
   const std::vector<int32_t> qP = pair_queries(s, q, RV);
 #ifdef SGL_ATTN_AMX
   if (amx_ready() && s.hd % 32 == 0 && s.hd <= 128 && s.vd % 32 == 0) {
-    at::parallel_for(0, nchunks, 1, [&](int64_t b, int64_t e) {
-      configure_tiles();  // tile state is per thread
-      AmxScratch w(s.hd, s.vd, RV);
-      for (int64_t c = b; c < e; ++c) {
-        const int64_t c0 = c * kChunk, c1 = std::min(s.L, c0 + kChunk);
-        const int64_t next_n = c + 1 < e ? std::min(s.L, c1 + kChunk) - c1 : 0;
-        chunk_partials_amx(s, RV, qP.data(), kb, vb, idx, mask, c0, c1, idx + c1, next_n, w,
-                           m + c * per, l + c * per, acc + c * per * s.vd);
-      }
-      _tile_release();
-    });
+    for_each_chunk(
+        s, [&] { return std::make_unique<AmxScratch>(s.hd, s.vd, RV); },
+        [&](std::unique_ptr<AmxScratch>& w, int64_t c, int64_t c0, int64_t c1, int64_t next_n) {
+          chunk_partials_amx(s, RV, qP.data(), kb, vb, idx, mask, c0, c1, idx + c1, next_n, *w,
+                             m + c * per, l + c * per, acc + c * per * s.vd);
+        });
     return;
   }
 #endif
-  at::parallel_for(0, nchunks, 1, [&](int64_t b, int64_t e) {
-    Scratch w(s.hd, RV);
-    for (int64_t c = b; c < e; ++c) {
-      const int64_t c0 = c * kChunk, c1 = std::min(s.L, c0 + kChunk);
-      const int64_t next_n = c + 1 < e ? std::min(s.L, c1 + kChunk) - c1 : 0;
-      chunk_partials(s, RV, qP.data(), kb, vb, idx, mask, c0, c1, idx + c1, next_n, w,
-                     m + c * per, l + c * per, acc + c * per * s.vd);
-    }
-  });
+  for_each_chunk(
+      s, [&] { return Scratch(s.hd, RV); },
+      [&](Scratch& w, int64_t c, int64_t c0, int64_t c1, int64_t next_n) {
+        chunk_partials(s, RV, qP.data(), kb, vb, idx, mask, c0, c1, idx + c1, next_n, w,
+                       m + c * per, l + c * per, acc + c * per * s.vd);
+      });
 }
 
 #endif  // SGL_ATTN_DP
