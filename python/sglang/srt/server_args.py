@@ -115,7 +115,7 @@ class ServerArgs:
     speculative_draft_kv_budget: Optional[int] = None  # resident draft tokens per request
     speculative_draft_kv_sink: int = 4  # attention-sink tokens at the start of the view
     speculative_draft_kv_chunk_size: int = 64  # retrieval chunk (tokens)
-    speculative_draft_kv_refresh_interval: int = 4  # retrieval: re-pick chunks every N steps
+    speculative_draft_kv_refresh_interval: int = 16  # retrieval: re-pick chunks every N steps
     speculative_draft_max_position: Optional[int] = None  # default: draft's max_position_embeddings
     speculative_draft_max_total_tokens: Optional[int] = None  # draft KV pool size (slots)
     speculative_fallback_window: int = 50

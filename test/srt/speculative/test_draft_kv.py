@@ -319,8 +319,8 @@ def test_retrieval_picks_chunks_matching_the_query():
     ctx.split, ctx.prefix_len, ctx.computed, ctx.window_start = True, 4, 200, 160
     ctx.row[:4] = alloc.alloc(4)
     keys = torch.zeros(40, 1, 1, 4)
-    for j, axis in ((7, 0), (12, 0), (30, 0), (20, 1)):
-        keys[j, 0, 0, axis] = 1.0  # chunks 7, 12, 30 point along the query; 20 elsewhere
+    for j, axis, w in ((7, 0, 1.0), (12, 0, 2.0), (30, 0, 3.0), (20, 1, 1.0), (25, 1, 0.5)):
+        keys[j, 0, 0, axis] = w  # chunks 7, 12, 30 point along the query; 20 and 25 elsewhere
     for j in range(40):
         kv._add_summary(ctx, keys[j])
     ctx.query = torch.tensor([[[2.0, 0.0, 0.0, 0.0]]])  # [layers, kv_heads, head_dim]
@@ -330,9 +330,51 @@ def test_retrieval_picks_chunks_matching_the_query():
     assert [int(j.positions[0]) for j in jobs] == [28, 48, 120]  # true positions
     assert jobs[0].tokens == tokens[28:32]
     assert len(kv.view(ctx)) == 4 + 12
-    ctx.base = 100  # after a rebase: chunks packed right after the sinks, same choice
+    # The query turns toward chunks 20 and 25: each refresh swaps in one newcomer (a chunk
+    # costs a draft forward) in place of the lowest-scored chunk that left the top set.
+    ctx.query = torch.tensor([[[1.0, 10.0, 0.0, 0.0]]])
     jobs = kv.select_chunks(ctx, tokens)
+    assert [j.chunk for j in jobs] == [20] and int(jobs[0].positions[0]) == 80
+    assert sorted(ctx.chunks) == [12, 20, 30]
+    jobs = kv.select_chunks(ctx, tokens)
+    assert [j.chunk for j in jobs] == [25] and sorted(ctx.chunks) == [20, 25, 30]
+    assert kv.select_chunks(ctx, tokens) == []  # a settled view costs nothing
+    assert len(kv.view(ctx)) == 4 + 12
+    ctx.base = 100  # after a rebase: chunks packed right after the sinks, document order
+    jobs = kv.select_chunks(ctx, tokens)
+    assert [j.chunk for j in jobs] == [20, 25, 30]
     assert [int(j.positions[0]) for j in jobs] == [4, 8, 12]
+    kv.release(ctx, keep=4)
+    alloc.free(ctx.row[:4].clone())
+    assert alloc.available_size() == alloc.size
+
+
+def test_retrieval_follows_the_text_being_copied():
+    """When the latest tokens repeat a passage of the document, the chunk holding what
+    followed them enters the view at the next step (not at the next scheduled refresh),
+    whatever the key scores say."""
+    from sglang.srt.mem_cache.memory_pool import KVPool, TokenSlotAllocator
+    from sglang.srt.speculative.draft_kv import DraftKV, DraftKVConfig
+    from sglang.srt.speculative.draft_kv_state import DraftContext
+
+    cfg = DraftKVConfig("retrieval", budget=28, sink=4, chunk_size=4, refresh_interval=4,
+                        max_position=1024, tree_depth=3, piece=6)
+    alloc = TokenSlotAllocator(256)
+    kv = DraftKV(cfg, alloc, KVPool(256, 1, 1, 4, torch.float32), 1, summary_capacity=64)
+    ctx = DraftContext(torch.zeros(512, dtype=torch.int64))
+    ctx.split, ctx.prefix_len, ctx.computed, ctx.window_start = True, 4, 200, 160
+    ctx.row[:4] = alloc.alloc(4)
+    for _ in range(40):
+        kv._add_summary(ctx, torch.zeros(1, 1, 4))
+    ctx.query = torch.zeros(1, 1, 4)  # key scores say nothing
+    ctx.need_refresh, ctx.steps_since_refresh = False, 0
+    tokens = list(range(1000, 1200))
+    assert not kv.refresh_due(ctx, tokens)  # nothing is being copied
+    tokens[192:200] = tokens[33:41]  # the text now quotes tokens 33..40; 41 comes next
+    assert kv.refresh_due(ctx, tokens)
+    jobs = {j.chunk: j for j in kv.select_chunks(ctx, tokens)}
+    assert 10 in jobs and int(jobs[10].positions[0]) == 40  # chunk 10 holds token 41
+    assert not kv.refresh_due(ctx, tokens)
     kv.release(ctx, keep=4)
     alloc.free(ctx.row[:4].clone())
     assert alloc.available_size() == alloc.size

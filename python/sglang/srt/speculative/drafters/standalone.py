@@ -169,10 +169,13 @@ class StandaloneDrafter(Drafter):
                 if piece is None:
                     continue
                 budget -= piece.n
-                final = want_logits and piece.start + piece.n == ends[i]
+                last = piece.start + piece.n == ends[i]
+                final = want_logits and last
                 # Retrieval re-picks chunks right before the root is read, with the query
-                # of the latest piece, so the root's logits already see them.
-                if final and self.kv.refresh_due(ctx):
+                # of the latest piece, so the root's logits already see them; the first
+                # pick (a whole view of chunks) comes with the prompt's catch-up, which
+                # prefill pays for, instead of the first decode step.
+                if last and self.kv.refresh_due(ctx, tokens[i]):
                     jobs += [(r, ctx, job) for job in self.kv.select_chunks(ctx, tokens[i])]
                 batch.append((i, r, ctx, piece, final))
             if not batch:
