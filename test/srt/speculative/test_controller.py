@@ -159,3 +159,22 @@ def test_new_requests_start_from_the_servers_recent_acceptance(tiny_llama_dir):
                                           spec_accept_histogram=[]), 3, 0, 1)
     later = spec.controller(types.SimpleNamespace(rid="b")).ema_rate
     assert fresh == 0.7 and later < 0.1
+
+
+def test_cost_model_says_when_speculation_is_ruled_out():
+    """What after_prefill asks before the draft reads new prompts: only a measured plain
+    step with every budget measured slower or bounded below it rules speculation out."""
+    cm = CostModel([1, 2, 4])
+    depth = lambda b: b - 1
+    assert not cm.rules_out_speculation([0.5] * 2, depth)  # nothing measured yet
+    for _ in range(cm.min_samples):
+        cm.observe(2, 1, 0.010)
+    assert not cm.rules_out_speculation([0.5] * 2, depth)  # budget 2 may still win
+    for _ in range(cm.min_samples):
+        cm.observe(2, 2, 0.030)  # 1.5 tokens / 30 ms: slower, and 4 is bounded below too
+    assert cm.rules_out_speculation([0.5] * 2, depth)
+    assert not cm.rules_out_speculation([0.99] * 2, depth)  # high acceptance: 4 may win
+    assert not cm.rules_out_speculation([0.5] * 8, depth)  # another batch size: unknown
+    step = cm.step
+    cm.rules_out_speculation([0.5] * 2, depth)
+    assert cm.step == step  # a question, not a step

@@ -156,3 +156,70 @@ def test_cost_model_budget_changes_stay_lossless(tiny_llama_dir, reference):
         assert got[rid][0] == ids
     assert len(sched.spec.cost_model.times) >= 2  # it measured more than one budget
     sched.check_all_free()
+
+
+def _settle(cost_model, bs: int, times: dict) -> None:
+    """Script the cost model's measurements for one batch size (replacing earlier ones)."""
+    for budget, seconds in times.items():
+        cost_model.times.pop((bs, budget), None)
+        cost_model.counts.pop((bs, budget), None)
+        for _ in range(cost_model.min_samples):
+            cost_model.observe(bs, budget, seconds)
+
+
+def test_draft_skips_prompts_while_the_cost_model_runs_plain(tiny_llama_dir, plain):
+    """Where the cost model has ruled speculation out for the batch, new prompts are not
+    read by the draft at prefill (that was 11 s of TTFT at 16 requests for drafts never
+    used); when speculation becomes worth it, the draft catches up in the step itself, that
+    step's time stays out of the averages, and the output never changes."""
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    g = torch.Generator().manual_seed(42)
+    ps = [torch.randint(3, 3000, (150,), generator=g).tolist() for _ in range(2)]
+    ref = run(plain, ps, [greedy(24)] * 2)  # prompts past TYPICAL_BACKLOG tokens
+    plain.check_all_free()
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                           speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3,
+                           speculative_disable_cost_model=False)
+    spec, cm = sched.spec, sched.spec.cost_model
+    _settle(cm, 2, {1: 0.01, 2: 1.0, 4: 1.0})  # speculation far slower than plain
+    for i, p in enumerate(ps):
+        sched.add_request(TokenizedGenerateReqInput(
+            rid=str(i), input_ids=p, sampling_params=SamplingParams.from_dict(greedy(24))))
+    outs = {}
+
+    def step():
+        for u in sched.step():
+            outs.setdefault(u.rid, []).extend(u.new_output_ids)
+
+    while len(sched.running) < 2 or any(len(r.output_ids) < 4 for r in sched.running):
+        step()
+    assert not spec.kv_drafter.contexts  # prompts not read: no draft KV made
+    _settle(cm, 2, {2: 0.011, 4: 0.012})  # now speculation wins
+    step()  # the draft reads both prompts plus the plain tokens, then drafts
+    assert all(spec.kv_drafter.contexts[str(i)].computed >= len(ps[i]) for i in range(2))
+    assert cm.counts[(2, 4)] == cm.min_samples  # the catch-up step was not counted
+    while not sched.is_idle():
+        step()
+    for rid, (ids, _) in ref.items():
+        assert outs[rid] == ids
+    sched.check_all_free()
+
+
+def test_new_prompts_are_drafted_in_one_batched_catch_up(tiny_llama_dir, reference):
+    """Prompts finishing prefill in the same step are read by the draft together: one
+    catch-up, not one per request; output unchanged."""
+    ps, ref = reference(4, seed=43, n=12)
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                           speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3)
+    drafter = sched.spec.kv_drafter
+    calls = []
+    real = drafter._catch_up
+    drafter._catch_up = lambda reqs, ends, want_logits: (calls.append(len(reqs)),
+                                                         real(reqs, ends, want_logits))[1]
+    got = run(sched, ps, [greedy(12)] * 4)
+    assert calls[0] == 4  # the prefill step's catch-up covered all four prompts
+    for rid, (ids, _) in ref.items():
+        assert got[rid][0] == ids
+    sched.check_all_free()

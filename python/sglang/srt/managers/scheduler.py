@@ -192,7 +192,7 @@ class Scheduler:
         if self.spec is not None and plan.reqs:
             self.spec.after_prefill([r for r, n in zip(plan.reqs, plan.num_tokens)
                                      if n > 1 and id(r) not in plan.trees and not r.finished
-                                     and r.kv_len == r.fill_len - 1])
+                                     and r.kv_len == r.fill_len - 1], self.running)
         if self.spec is not None:
             had_prefill = any(n > 1 and id(r) not in plan.trees
                               for r, n in zip(plan.reqs, plan.num_tokens))

@@ -165,6 +165,22 @@ class CostModel:
                  if b < budget and self._measured(bs, b)]
         return self._gain(budget, rates, depth_of) / max(lower) if lower else float("inf")
 
+    def rules_out_speculation(self, rates: Sequence[float], depth_of) -> bool:
+        """True when, at this batch size, plain decoding is measured and every budget is
+        either measured slower or bounded below it: choose() would not speculate short of
+        its occasional re-measure. Read-only (no step counted)."""
+        bs = self._bucket(len(rates))
+        if not rates or not self._measured(bs, 1):
+            return False
+        plain = self._gain(1, rates, depth_of) / self.times[(bs, 1)]
+        for b in self.budgets[1:]:
+            if self._measured(bs, b):
+                if self._gain(b, rates, depth_of) / self.times[(bs, b)] > plain:
+                    return False
+            elif self._bound(bs, b, rates, depth_of) > plain:
+                return False
+        return True
+
     def choose(self, rates: Sequence[float], depth_of) -> int:
         """Budget for this step; `depth_of(budget)` is the tree depth a budget gives.
 

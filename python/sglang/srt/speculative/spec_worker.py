@@ -23,6 +23,7 @@ from sglang.srt.speculative.verify import VerifyResult, verify_greedy, verify_sa
 logger = logging.getLogger(__name__)
 
 ALGORITHMS = ("STANDALONE", "NGRAM", "HYBRID")
+TYPICAL_BACKLOG = 64  # draft catch-up tokens per request beyond which a step is atypical
 
 
 def resolve_spec_defaults(server_args) -> Tuple[int, int, int]:
@@ -88,6 +89,7 @@ class SpecWorker:
             self.cost_model = CostModel(self._candidate_budgets())
         self.timer = StepTimer()
         self.step_budget = 1  # the budget chosen for the current step (1 = plain)
+        self.step_typical = True  # False: the step's time says little about its budget
         self.rate_prior = 0.7  # EMA of per-position acceptance over all requests
 
     def _candidate_budgets(self) -> List[int]:
@@ -130,6 +132,7 @@ class SpecWorker:
     def propose(self, reqs) -> Dict[int, DraftTree]:
         self.timer.begin()
         self.step_budget = 1
+        self.step_typical = True
         cands = [r for r in reqs if self.eligible(r) and self.controller(r).should_speculate()]
         if not cands:
             return {}
@@ -145,8 +148,17 @@ class SpecWorker:
         keep = [(r, b) for r, b in zip(cands, budgets) if b >= 2]
         if not keep:
             return {}
+        if self.kv_drafter is not None:
+            self.kv_drafter.last_backlog = (0, 0)
         trees = self.drafter.propose([r for r, _ in keep], [b for _, b in keep],
                                      depth=self.depth_of(budget))
+        if self.kv_drafter is not None:
+            # A step whose draft first read a long backlog (prompts it skipped while the
+            # cost model ran plain, a plain stretch) is not a typical step of its budget:
+            # keep its time out of the cost model's averages. HYBRID's draft-model probes
+            # (every few steps) read a few dozen tokens and stay typical.
+            tokens, reqs_read = self.kv_drafter.last_backlog
+            self.step_typical = tokens <= reqs_read * TYPICAL_BACKLOG
         return {id(r): t for (r, _), t in zip(keep, trees) if t is not None and len(t) > 1}
 
     # ------------------------------------------------------------------ verify
@@ -213,20 +225,30 @@ class SpecWorker:
         self.total_verify_ct += 1
         self.total_accepted_tokens += emitted
 
-    def after_prefill(self, reqs) -> None:
+    def after_prefill(self, reqs, running=()) -> None:
         """Requests whose prompt the target has just finished: catch the draft up on it
-        now, as upstream runs the draft's extend with the target's prefill. The cost lands
-        in time to first token, where it belongs, and not in the first speculative step
-        (which would also mislead the cost model's step times)."""
+        now, as upstream runs the draft's extend with the target's prefill, all prompts in
+        one batched catch-up. The cost lands in time to first token, where it belongs, and
+        not in the first speculative step (which would also mislead the cost model's step
+        times). Skipped while the cost model has ruled speculation out at the size of the
+        running batch: at 16 requests it cost 11 s of TTFT for drafts never used
+        (benchmark/results/adaptive_spec_sweep.json); propose catches up when needed."""
         if self.kv_drafter is None:
             return
-        for req in reqs:
-            if self.eligible(req) and self.controller(req).should_speculate():
-                self.kv_drafter.warm(req, req.kv_len)
+        cands = [r for r in reqs if self.eligible(r) and self.controller(r).should_speculate()]
+        if not cands:
+            return
+        if self.cost_model is not None and running:
+            rates = [self.controller(r).ema_rate for r in running
+                     if self.eligible(r) and self.controller(r).should_speculate()]
+            if self.cost_model.rules_out_speculation(rates, self.depth_of):
+                return
+        self.kv_drafter.warm_many(cands, [r.kv_len for r in cands])
 
     def end_step(self, batch_size: int, had_prefill: bool) -> None:
         """Feed the cost model with a pure decode step's wall time."""
-        if self.cost_model is not None and batch_size and not had_prefill:
+        if (self.cost_model is not None and batch_size and not had_prefill
+                and self.step_typical):
             self.cost_model.observe(batch_size, self.step_budget, self.timer.elapsed())
 
     def avg_accept_length(self) -> Optional[float]:

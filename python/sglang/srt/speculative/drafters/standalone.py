@@ -74,6 +74,8 @@ class StandaloneDrafter(Drafter):
         self.contexts: Dict[str, DraftContext] = {}
         # Set by the spec worker: frees unlocked draft KV held by the radix cache.
         self.evict_draft: Optional[Callable[[int], int]] = None
+        # (tokens read, requests) by the latest propose's catch-up, for the cost model
+        self.last_backlog: Tuple[int, int] = (0, 0)
 
     def _use_token_map(self, path: str) -> None:
         """Score only the map's tokens in every draft forward (speculative/token_map.py)."""
@@ -112,11 +114,26 @@ class StandaloneDrafter(Drafter):
     def warm(self, req, upto: int) -> bool:
         """Catch the draft up on fill_ids[:upto] without proposing (a prefill-only request
         warming a document); False when the draft pool cannot hold it."""
-        ctx = self.context(req)
-        if not self._reserve(self.kv.need(ctx, upto)):
-            return False
-        self._catch_up([req], [upto], want_logits=False)
-        return True
+        return self.warm_many([req], [upto])[0]
+
+    def warm_many(self, reqs, ends: List[int]) -> List[bool]:
+        """Catch the draft up on several prompts in one batched catch-up: a forward takes
+        up to chunk_size tokens across requests, where one catch-up per request ran 16
+        separate 256-token forwards for 16 new prompts (0.71 s each on the CPU box).
+        Per request: False when the draft pool cannot hold it (it catches up later)."""
+        live, live_ends, ok, reserved = [], [], [], 0
+        for r, end in zip(reqs, ends):
+            need = self.kv.need(self.context(r), end)
+            fits = self._reserve(reserved + need)
+            if fits:
+                reserved += need
+                live.append(r)
+                live_ends.append(end)
+            ok.append(fits)
+        if live:
+            self._catch_up(live, live_ends, want_logits=False)
+        return ok
+
 
     def release(self, req, keep: int = 0) -> Optional[torch.Tensor]:
         """Drop the request's draft state; returns draft slots of its prefix [0, <= keep)
@@ -147,6 +164,8 @@ class StandaloneDrafter(Drafter):
             if self._reserve(reserved + need):
                 reserved += need
                 live.append(r)
+        self.last_backlog = (sum(r.fill_len - self.contexts[r.rid].computed for r in live),
+                             len(live))
         root_logits = self._catch_up(live, [r.fill_len for r in live], want_logits=True)
         for r in live:
             self.kv.step_done(self.contexts[r.rid])
