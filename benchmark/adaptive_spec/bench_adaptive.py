@@ -8,7 +8,8 @@ model continues it. Settings, side by side in one run:
   spec+fallback    the same with per-request fallback (window 50, threshold 0.5, re-probe 100)
   hybrid+fallback  HYBRID (n-gram + draft model under one budget) with fallback
 Part 2, concurrency sweep on prose (1, 4, 16 requests at once): plain, spec without and
-with the cost model. Reported: decode tokens/s, ratios to plain, acceptance, fallbacks;
+with the cost model, side by side in one process round by round. Reported: decode and
+end-to-end tokens/s, ratios to plain, acceptance, fallbacks;
 per-step acceptance traces with the switch points go to the JSON and a plot.
 
     python benchmark/adaptive_spec/bench_adaptive.py --new-tokens 96
@@ -113,6 +114,31 @@ def run(target: str, draft: str, prompts: List[List[int]], n_new: int, dtype: st
     return out
 
 
+def sweep_interleaved(target: str, draft: str, rounds: List[List[List[int]]], n_new: int,
+                      dtype: str) -> Dict[str, List[Dict[str, Any]]]:
+    """Every SWEEP setting on its own scheduler, all in this process, round by round: round
+    k runs each setting on the round's prompts back to back (order rotated each round).
+    Run one setting after another, minutes apart, the machine's drift (up to 2x on this
+    shared box) swamped the differences between settings; side by side it cancels."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.server_args import ServerArgs
+
+    scheds = {}
+    for name, extra in SWEEP.items():
+        kw: Dict[str, Any] = dict(model_path=target, dtype=dtype, max_total_tokens=16384, **extra)
+        if extra.get("speculative_algorithm"):
+            kw["speculative_draft_model_path"] = draft
+        scheds[name] = Scheduler(ServerArgs(**kw))
+    names = list(SWEEP)
+    out: Dict[str, List[Dict[str, Any]]] = {name: [] for name in names}
+    for k, prompts in enumerate(rounds):
+        for name in names[k % len(names):] + names[: k % len(names)]:
+            out[name].append(_drive(scheds[name], prompts, n_new, f"r{k}-"))
+    for sched in scheds.values():
+        sched.abort("", "benchmark done")
+    return out
+
+
 def _drive(sched, prompts: List[List[int]], n_new: int, prefix: str) -> Dict[str, Any]:
     """Run `prompts` at once to the end; decode tokens/s after every prompt's first decode
     step (for speculation that step includes the draft's catch-up on the prompt)."""
@@ -197,7 +223,8 @@ def main() -> None:
                     help="prompt length in the sweep (16 x 768 tokens took ~5 min to prefill)")
     ap.add_argument("--sweep-rounds", type=int, default=2,
                     help="batches per server: round 1 is cold (the cost model explores), "
-                         "later rounds are the steady state of a long-lived server")
+                         "later rounds are the steady state of a long-lived server; the "
+                         "settings run side by side in one process, round by round")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--only-sweep", action="store_true",
@@ -234,12 +261,14 @@ def main() -> None:
             # distinct prompts (no shared prefix), a fresh set per round
             rounds = [[prose[(k * n + i) * 8:][: args.sweep_prompt_tokens] for i in range(n)]
                       for k in range(args.sweep_rounds)]
-            for name, extra in SWEEP.items():
-                r = run_isolated(run, target, draft, rounds[0], args.sweep_new_tokens, args.dtype,
-                                 extra, rounds[1:])
-                r.pop("trace")
-                r["rounds_tok_s"] = [r["tok_s"]] + [rr["tok_s"] for rr in r["rounds"]]
-                r["rounds_e2e_tok_s"] = [r["e2e_tok_s"]] + [rr["e2e_tok_s"] for rr in r["rounds"]]
+            by_setting = run_isolated(sweep_interleaved, target, draft, rounds,
+                                      args.sweep_new_tokens, args.dtype)
+            plain_tokens = [x["tokens"] for x in by_setting["plain"]]
+            for name, rs in by_setting.items():
+                same_tokens = [x.pop("tokens") == t for x, t in zip(rs, plain_tokens)]
+                r = {"rounds": rs, "same_tokens_as_plain": same_tokens, "rounds_tok_s": [x["tok_s"] for x in rs],
+                     "rounds_e2e_tok_s": [x["e2e_tok_s"] for x in rs],
+                     "accept_length": [x["accept_length"] for x in rs]}
                 sweep[f"{n} | {name}"] = r
                 print(f"concurrency {n:2d} {name:16s} decode tok/s by round "
                       + " ".join(f"{v:6.2f}" for v in r["rounds_tok_s"])
