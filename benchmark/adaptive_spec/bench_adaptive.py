@@ -72,14 +72,15 @@ def documents(tokenizer, prompt_tokens: int) -> Dict[str, List[int]]:
     return out
 
 
-def run(target: str, draft: str, prompts: List[List[int]], n_new: int, dtype: str,
-        extra: Dict[str, Any], later_rounds: List[List[List[int]]] = ()) -> Dict[str, Any]:
-    """One scheduler; `prompts` run at once, then each of `later_rounds` (the same server,
-    so its cost model has already learned: the steady state a long-lived server is in)."""
+def traced_scheduler(target: str, draft: str, dtype: str, extra: Dict[str, Any],
+                     max_total_tokens: int = 16384):
+    """(scheduler, trace, switches): every decode step's acceptance per request goes to
+    `trace`, each finished request's fallback switches to `switches`."""
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.server_args import ServerArgs
 
-    kw: Dict[str, Any] = dict(model_path=target, dtype=dtype, max_total_tokens=16384, **extra)
+    kw: Dict[str, Any] = dict(model_path=target, dtype=dtype, max_total_tokens=max_total_tokens,
+                              **extra)
     if extra.get("speculative_algorithm"):
         kw["speculative_draft_model_path"] = draft
     sched = Scheduler(ServerArgs(**kw))
@@ -101,16 +102,38 @@ def run(target: str, draft: str, prompts: List[List[int]], n_new: int, dtype: st
             return forget(req)
 
         spec.record, spec.forget = traced_record, traced_forget
-    out = _drive(sched, prompts, n_new, "")
-    out.update(trace=trace, switches=switches)
-    offered = sum(t["offered"] for t in trace)
-    out["accept_rate"] = sum(t["accepted"] for t in trace) / offered if offered else None
-    out["rounds"] = []
-    for k, more in enumerate(later_rounds, start=1):
-        r = _drive(sched, more, n_new, f"r{k}-")
-        r.pop("tokens")
-        out["rounds"].append(r)
-    sched.abort("", "benchmark done")
+    return sched, trace, switches
+
+
+def rotated(names: List[str], k: int) -> List[str]:
+    return names[k % len(names):] + names[: k % len(names)]
+
+
+def doc_interleaved(target: str, draft: str, prompt: List[int], n_new: int, dtype: str,
+                    rounds: int) -> Dict[str, Dict[str, Any]]:
+    """Part 1 for one document: every SETTINGS entry on its own scheduler in this process,
+    `rounds` times over the document (order rotated each round); per setting the figures
+    of its fastest round, and the acceptance trace / switches of its first."""
+    built = {name: traced_scheduler(target, draft, dtype, extra, max_total_tokens=4096)
+             for name, extra in SETTINGS.items()}
+    runs: Dict[str, List[Dict[str, Any]]] = {name: [] for name in SETTINGS}
+    for k in range(rounds):
+        for name in rotated(list(SETTINGS), k):
+            sched, trace, _ = built[name]
+            before = len(trace)
+            r = _drive(sched, [prompt], n_new, f"r{k}-")
+            steps = trace[before:]
+            offered = sum(t["offered"] for t in steps)
+            r["accept_rate"] = sum(t["accepted"] for t in steps) / offered if offered else None
+            r["trace"] = steps
+            runs[name].append(r)
+    out = {}
+    for name, rs in runs.items():
+        best = max(rs, key=lambda r: r["tok_s"])
+        out[name] = {**best, "trace": rs[0]["trace"], "rounds_tok_s": [r["tok_s"] for r in rs],
+                     "switches": {rid: sw for rid, sw in built[name][2].items()
+                                  if rid.startswith("r0-")}}
+        built[name][0].abort("", "benchmark done")
     return out
 
 
@@ -120,19 +143,11 @@ def sweep_interleaved(target: str, draft: str, rounds: List[List[List[int]]], n_
     k runs each setting on the round's prompts back to back (order rotated each round).
     Run one setting after another, minutes apart, the machine's drift (up to 2x on this
     shared box) swamped the differences between settings; side by side it cancels."""
-    from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.server_args import ServerArgs
-
-    scheds = {}
-    for name, extra in SWEEP.items():
-        kw: Dict[str, Any] = dict(model_path=target, dtype=dtype, max_total_tokens=16384, **extra)
-        if extra.get("speculative_algorithm"):
-            kw["speculative_draft_model_path"] = draft
-        scheds[name] = Scheduler(ServerArgs(**kw))
-    names = list(SWEEP)
-    out: Dict[str, List[Dict[str, Any]]] = {name: [] for name in names}
+    scheds = {name: traced_scheduler(target, draft, dtype, extra)[0]
+              for name, extra in SWEEP.items()}
+    out: Dict[str, List[Dict[str, Any]]] = {name: [] for name in SWEEP}
     for k, prompts in enumerate(rounds):
-        for name in names[k % len(names):] + names[: k % len(names)]:
+        for name in rotated(list(SWEEP), k):
             out[name].append(_drive(scheds[name], prompts, n_new, f"r{k}-"))
     for sched in scheds.values():
         sched.abort("", "benchmark done")
@@ -201,7 +216,7 @@ def plot_traces(path: str, results: Dict[str, Dict[str, Any]]) -> None:
                     xs.append(t["token"])
                     ys.append(t["accepted"] / t["offered"])
             ax.plot(xs, ys, ".-", label=setting, alpha=0.7)
-            for token, mode in r["switches"].get("0", []):
+            for token, mode in r["switches"].get("r0-0", []):
                 ax.axvline(token, color="red" if mode == "plain" else "green", ls=":", alpha=0.6)
         ax.set_title(f"{doc}: per-step acceptance (red: fall back, green: speculate again)",
                      fontsize=9)
@@ -225,6 +240,9 @@ def main() -> None:
                     help="batches per server: round 1 is cold (the cost model explores), "
                          "later rounds are the steady state of a long-lived server; the "
                          "settings run side by side in one process, round by round")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="part 1: runs of each setting over each document, side by side in "
+                         "one process (the fastest is kept)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--only-sweep", action="store_true",
@@ -246,14 +264,16 @@ def main() -> None:
     results: Dict[str, Dict[str, Any]] = {}
     ratios: Dict[str, float] = {}
     for doc, prompt in ([] if args.only_sweep else docs.items()):
-        for name, extra in SETTINGS.items():
-            r = run_isolated(run, target, draft, [prompt], args.new_tokens, args.dtype, extra)
+        by_setting = run_isolated(doc_interleaved, target, draft, prompt, args.new_tokens,
+                                  args.dtype, args.rounds)
+        base = by_setting["plain"]["tok_s"]
+        for name, r in by_setting.items():
             results[f"{doc} | {name}"] = r
-            base = results[f"{doc} | plain"]["tok_s"]
             ratios[f"{doc} | {name}"] = r["tok_s"] / base
             acc = f" accept {r['accept_rate']:.2f}" if r["accept_rate"] is not None else ""
             print(f"{doc:18s} {name:16s} {r['tok_s']:6.2f} tok/s  {r['tok_s'] / base:5.2f}x plain"
-                  f"{acc} fallbacks {r['fallbacks']}", flush=True)
+                  f"{acc} fallbacks {r['fallbacks']} (rounds "
+                  + " ".join(f"{v:.2f}" for v in r["rounds_tok_s"]) + ")", flush=True)
     sweep: Dict[str, Dict[str, Any]] = {}
     if not args.skip_sweep:
         prose = docs["prose"]

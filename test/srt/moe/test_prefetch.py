@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.srt.layers.moe.prefetch import (PREDICTORS, EnsemblePredictor, ExpertPredictor,
+from sglang.srt.layers.moe.prefetch import (PREDICTORS, DraftPredictor, EnsemblePredictor,
+                                            ExpertPredictor,
                                             PrefetchStats, ReusePredictor, RouterView,
                                             StepContext, route_rank)
 from sglang.srt.layers.moe.router import Router, RouterConfig
@@ -81,14 +82,19 @@ def _prompts():
     return [torch.randint(3, 3000, (n,), generator=g).tolist() * 3 for n in (6, 10)]
 
 
-@pytest.mark.parametrize("spec", [None, "NGRAM"])
+@pytest.mark.parametrize("spec", [None, "NGRAM", "STANDALONE"])
 def test_every_predictor_changes_nothing(tiny_moe_dir, spec) -> None:
     folder = tiny_moe_dir("qwen2_moe")
     prompts, n = _prompts(), 10
     sampled = {"max_new_tokens": n, "temperature": 0.9, "sampling_seed": 5, "ignore_eos": True}
     params = [greedy(n), sampled]
-    extra = dict(speculative_algorithm="NGRAM", speculative_num_steps=3,
-                 speculative_num_draft_tokens=6) if spec else {}
+    extra = {}
+    if spec == "NGRAM":
+        extra = dict(speculative_algorithm="NGRAM", speculative_num_steps=3,
+                     speculative_num_draft_tokens=6)
+    elif spec == "STANDALONE":  # the model drafts for itself: the draft hook is exercised
+        extra = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=folder,
+                     speculative_num_steps=3)
     ref_sched = make_scheduler(folder, **extra)
     ref = run(ref_sched, prompts, params)
     ref_sched.check_all_free()
@@ -97,7 +103,15 @@ def test_every_predictor_changes_nothing(tiny_moe_dir, spec) -> None:
         # race with the running layers' pinned experts all the time
         sched = make_scheduler(folder, moe_expert_cache_slots=2, moe_prefetch_predictor=name,
                                moe_prefetch_width=1, **extra)
+        levels = []
+        if spec == "STANDALONE" and sched.prefetcher is not None:
+            hook = sched.prefetcher.on_draft_level
+            sched.prefetcher.on_draft_level = lambda ctx: (levels.append(ctx), hook(ctx))
         got = run(sched, prompts, params)
+        if spec == "STANDALONE" and name != "none":
+            # the drafted tokens reach the predictor while the draft still runs (levels
+            # 1 and 2 of 3), each request's root first
+            assert levels and all(len(t) >= 2 for ctx in levels for t in ctx.tokens)
         for rid in ref:
             assert got[rid][0] == ref[rid][0], (name, rid)
         sched.check_all_free()  # KV, requests and expert slots (no pin, no load in flight)
@@ -114,3 +128,22 @@ def test_every_predictor_changes_nothing(tiny_moe_dir, spec) -> None:
                 assert figs["total"]["fetched"] > 0, figs["total"]
             assert set(figs["layers"]) == {str(i) for i in store.layers()}
         store.close()
+
+
+def test_draft_predictor_routes_drafted_tokens_without_touching_its_state() -> None:
+    """on_draft_level and begin_step only predict; the residual state that before_verify
+    prepares (and the verify pass fills) is untouched by them."""
+    torch.manual_seed(0)
+    hidden, experts = 16, 8
+    gate = Router(hidden, RouterConfig(num_experts=experts, top_k=2))
+    gate.weight.data.normal_()
+    views = {0: RouterView(0, torch.nn.Identity(), gate, top_k=2)}
+    embed = torch.nn.Embedding(50, hidden)
+    pred = DraftPredictor(views, embed, width=0)
+    ctx = StepContext(["a"], [[3, 7, 9]], [True])
+    level = pred.on_draft_level(ctx)
+    assert pred.begin_step(StepContext(["a"], [[3]], [True]))[0]
+    assert not pred.state and pred._rows is None  # nothing prepared for a pass
+    assert level == pred.before_verify(ctx)  # same tokens, same prediction
+    assert set(level[0]) <= set(range(experts)) and len(level[0]) >= 2
+    assert pred.state["a"][0] == 3  # before_verify keeps the root's row for the pass

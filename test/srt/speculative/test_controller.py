@@ -197,3 +197,22 @@ def test_cost_model_does_not_explore_what_lost_at_a_smaller_batch():
         cm.observe(8, b, {1: 0.2, 2: 0.5, 4: 0.24}[b])
     assert 2 not in seen
     assert seen[: cm.min_samples + 1] == [1] * cm.min_samples + [4]
+
+
+def test_cost_model_sees_through_steps_slowed_by_a_busy_machine():
+    """Plain steps 5x slower now and then (a host stealing the CPU) must not make a slower
+    speculation look better: the model keeps the recent fastest time of each option, and
+    still follows a step time that really grows."""
+    cm = CostModel([1, 2])
+    depth = lambda b: b - 1
+    for _ in range(cm.min_samples):
+        cm.observe(16, 1, 0.4)
+    cm.observe(16, 2, 1.1)  # 1.6 tokens / 1.1 s per request: slower than 1 / 0.4 s
+    for t in [2.0, 0.45, 2.5, 0.42, 1.9, 0.4]:  # noisy plain steps
+        assert cm.choose([0.6] * 16, depth) == 1
+        cm.observe(16, 1, t)
+    assert cm.choose([0.6] * 16, depth) == 1
+    for _ in range(cm.window):  # the context grew: plain really costs 1 s now
+        cm.observe(16, 1, 1.0)
+    assert cm.times[(16, 1)] == 1.0
+    assert cm.choose([0.6] * 16, depth) == 2

@@ -163,6 +163,7 @@ def _settle(cost_model, bs: int, times: dict) -> None:
     for budget, seconds in times.items():
         cost_model.times.pop((bs, budget), None)
         cost_model.counts.pop((bs, budget), None)
+        cost_model.samples.pop((bs, budget), None)
         for _ in range(cost_model.min_samples):
             cost_model.observe(bs, budget, seconds)
 

@@ -76,6 +76,8 @@ class Scheduler:
             eviction_policy=server_args.radix_eviction_policy)
         if self.spec is not None:
             self.spec.attach_cache(self.tree_cache)
+            if self.prefetcher is not None and self.spec.kv_drafter is not None:
+                self.spec.kv_drafter.on_level = self._on_draft_level
         self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
                                 if tokenizer is not None else None)
         if self.spec is not None:
@@ -215,6 +217,13 @@ class Scheduler:
     def prefetcher(self):
         """The target's ExpertPrefetcher (--moe-prefetch-predictor), or None."""
         return getattr(self.runner.model, "expert_prefetcher", None)
+
+    def _on_draft_level(self, reqs, trees) -> None:
+        from sglang.srt.layers.moe.prefetch import StepContext
+
+        self.prefetcher.on_draft_level(StepContext([r.rid for r in reqs],
+                                                   [list(t.tokens) for t in trees],
+                                                   [True] * len(reqs)))
 
     def _step_context(self, plan: StepPlan):
         from sglang.srt.layers.moe.prefetch import StepContext

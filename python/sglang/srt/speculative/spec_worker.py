@@ -239,8 +239,11 @@ class SpecWorker:
         if not cands:
             return
         if self.cost_model is not None and running:
+            # The batch the next decode steps will run: every running request, those whose
+            # prompt is still being prefilled included (with chunked prefill, the requests
+            # already decoding are a smaller batch size the cost model may not have seen).
             rates = [self.controller(r).ema_rate for r in running
-                     if self.eligible(r) and self.controller(r).should_speculate()]
+                     if not r.finished and self.controller(r).should_speculate()]
             if self.cost_model.rules_out_speculation(rates, self.depth_of):
                 return
         self.kv_drafter.warm_many(cands, [r.kv_len for r in cands])

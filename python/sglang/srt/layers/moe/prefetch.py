@@ -5,9 +5,13 @@ One step of the scheduler, and when each predictor speaks:
 
     begin_step(ctx: the requests' last tokens)  -> `reuse` issues its loads; they run on the
                                                    store's loader thread while the draft proposes
-    drafter proposes trees
-    before_verify(ctx: the tokens of the pass)  -> `draft` issues its loads (layer order, so
-                                                   later layers load while early ones compute)
+    drafter proposes trees, level by level:
+      on_draft_level(ctx: root + nodes so far)  -> `draft` routes the tokens drafted so far and
+                                                   issues their loads, which run while the draft
+                                                   computes its next levels
+    before_verify(ctx: the tokens of the pass)  -> `draft` issues what is still missing (layer
+                                                   order, so later layers load while early ones
+                                                   compute)
     verify forward, for each MoE layer L:
         on_moe_input(L, normed, residual)        -> `layer_ahead` routes L's state through the
                                                    next MoE layer's router and issues its loads
@@ -152,6 +156,9 @@ class ExpertPredictor:
     def before_verify(self, ctx: StepContext) -> Dict[int, List[int]]:
         return {}
 
+    def on_draft_level(self, ctx: StepContext) -> Dict[int, List[int]]:
+        return {}
+
     def on_moe_input(self, layer: int, normed: torch.Tensor, residual: torch.Tensor,
                      ctx: Optional[StepContext]) -> Dict[int, List[int]]:
         return {}
@@ -231,17 +238,39 @@ class DraftPredictor(ExpertPredictor):
         self._rows: Optional[List[tuple]] = None  # (rid, row) to keep from this pass
         self._num_rows = 0
 
+    def begin_step(self, ctx: StepContext) -> Dict[int, List[int]]:
+        """Each request's last token (a tree's root) is the pass's first row: its experts can
+        load during the whole of the draft's work."""
+        return self._route(ctx)
+
+    def on_draft_level(self, ctx: StepContext) -> Dict[int, List[int]]:
+        """The tokens drafted so far (each request's root and nodes), while the draft still
+        computes its next levels: their loads overlap the draft's remaining forwards, where
+        issued at before_verify they overlapped only the verify itself."""
+        return self._route(ctx)
+
     def before_verify(self, ctx: StepContext) -> Dict[int, List[int]]:
         if len(self.state) > 2 * len(ctx.rids) + 64:  # aborted requests never say goodbye
             live = set(ctx.rids)
             self.state = {rid: s for rid, s in self.state.items() if rid in live}
+        out = self._route(ctx)
         rows, row = [], 0
+        for rid, toks, tree in zip(ctx.rids, ctx.tokens, ctx.is_tree):
+            keep = row if tree else row + len(toks) - 1  # a tree's root is always kept
+            rows.append((rid, keep, toks[keep - row]))
+            row += len(toks)
+        # The pass about to run replaces each request's state, layer by layer.
+        self._rows, self._num_rows = [], row
+        for rid, keep, token in rows:
+            self.state[rid] = (token, {})
+            self._rows.append((rid, keep))
+        return out
+
+    def _route(self, ctx: StepContext) -> Dict[int, List[int]]:
+        """Experts per layer for the context's tokens (read-only)."""
         embs, bases = [], {layer: [] for layer in self.views}
         with torch.no_grad():
-            for rid, toks, tree in zip(ctx.rids, ctx.tokens, ctx.is_tree):
-                keep = row if tree else row + len(toks) - 1  # a tree's root is always kept
-                rows.append((rid, keep, toks[keep - row]))
-                row += len(toks)
+            for rid, toks in zip(ctx.rids, ctx.tokens):
                 emb = self.embed.weight[torch.tensor(toks)]
                 embs.append(emb)
                 prev = self.state.get(rid)
@@ -255,14 +284,8 @@ class DraftPredictor(ExpertPredictor):
             if not embs:
                 return {}
             emb = torch.cat(embs)
-            out = {layer: route_rank(view, emb + torch.cat(bases[layer]), self.width)
-                   for layer, view in self.views.items()}
-        # The pass about to run replaces each request's state, layer by layer.
-        self._rows, self._num_rows = [], row
-        for rid, keep, token in rows:
-            self.state[rid] = (token, {})
-            self._rows.append((rid, keep))
-        return out
+            return {layer: route_rank(view, emb + torch.cat(bases[layer]), self.width)
+                    for layer, view in self.views.items()}
 
     def on_moe_input(self, layer, normed, residual, ctx) -> Dict[int, List[int]]:
         if self._rows and layer in self.views and residual.shape[0] == self._num_rows:
@@ -300,6 +323,9 @@ class EnsemblePredictor(ExpertPredictor):
 
     def before_verify(self, ctx):
         return self._merge([m.before_verify(ctx) for m in self.members])
+
+    def on_draft_level(self, ctx):
+        return self._merge([m.on_draft_level(ctx) for m in self.members])
 
     def on_moe_input(self, layer, normed, residual, ctx):
         return self._merge([m.on_moe_input(layer, normed, residual, ctx) for m in self.members])
@@ -348,6 +374,10 @@ class ExpertPrefetcher:
     def before_verify(self, ctx: StepContext) -> None:
         self.ctx = ctx
         self._issue(self.predictor.before_verify(ctx))
+
+    def on_draft_level(self, ctx: StepContext) -> None:
+        """Called by the drafter after each tree level (spec_worker wires it)."""
+        self._issue(self.predictor.on_draft_level(ctx))
 
     def forget(self, rid: str) -> None:
         self.predictor.forget(rid)

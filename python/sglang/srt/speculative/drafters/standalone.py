@@ -74,6 +74,9 @@ class StandaloneDrafter(Drafter):
         self.contexts: Dict[str, DraftContext] = {}
         # Set by the spec worker: frees unlocked draft KV held by the radix cache.
         self.evict_draft: Optional[Callable[[int], int]] = None
+        # Told (reqs, trees so far) after each tree level but the last: the target's expert
+        # prefetch routes the drafted tokens while the draft computes the next level.
+        self.on_level: Optional[Callable[[list, List[DraftTree]], None]] = None
         # (tokens read, requests) by the latest propose's catch-up, for the cost model
         self.last_backlog: Tuple[int, int] = (0, 0)
 
@@ -272,6 +275,8 @@ class StandaloneDrafter(Drafter):
                 frontier[i] = children[: self.topk]
             if step == steps - 1:
                 break
+            if self.on_level is not None:  # expert prefetch: loads overlap the next levels
+                self.on_level(reqs, trees)
             logits = self._forward_frontier(reqs, trees, frontier, node_slots, temp_slots)
         for slots in temp_slots:
             self.allocator.free(slots)
