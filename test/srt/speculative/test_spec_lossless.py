@@ -197,7 +197,8 @@ def test_draft_skips_prompts_while_the_cost_model_runs_plain(tiny_llama_dir, pla
     while len(sched.running) < 2 or any(len(r.output_ids) < 4 for r in sched.running):
         step()
     assert not spec.kv_drafter.contexts  # prompts not read: no draft KV made
-    _settle(cm, 2, {2: 0.011, 4: 0.012})  # now speculation wins
+    # now speculation wins (plain re-scripted too: the real steps since were faster)
+    _settle(cm, 2, {1: 0.01, 2: 0.011, 4: 0.012})
     step()  # the draft reads both prompts plus the plain tokens, then drafts
     assert all(spec.kv_drafter.contexts[str(i)].computed >= len(ps[i]) for i in range(2))
     assert cm.counts[(2, 4)] == cm.min_samples  # the catch-up step was not counted
