@@ -105,52 +105,48 @@ def traced_scheduler(target: str, draft: str, dtype: str, extra: Dict[str, Any],
     return sched, trace, switches
 
 
-def rotated(names: List[str], k: int) -> List[str]:
-    return names[k % len(names):] + names[: k % len(names)]
+def interleaved(target: str, draft: str, settings: Dict[str, Dict[str, Any]],
+                rounds: List[List[List[int]]], n_new: int, dtype: str,
+                max_total_tokens: int = 16384) -> Dict[str, List[Dict[str, Any]]]:
+    """Every setting on its own scheduler, all in this process, round by round: round k runs
+    each setting on the round's prompts back to back (order rotated each round). Run one
+    setting after another, minutes apart, the machine's drift (up to 2x on this shared box:
+    the host steals CPU) swamped the differences between settings; side by side it cancels.
+    Per setting and round: _drive's figures, the round's acceptance trace and rate."""
+    built = {name: traced_scheduler(target, draft, dtype, extra, max_total_tokens)
+             for name, extra in settings.items()}
+    names = list(settings)
+    out: Dict[str, List[Dict[str, Any]]] = {name: [] for name in names}
+    for k, prompts in enumerate(rounds):
+        for name in names[k % len(names):] + names[: k % len(names)]:
+            sched, trace, _ = built[name]
+            before = len(trace)
+            r = _drive(sched, prompts, n_new, f"r{k}-")
+            r["trace"] = trace[before:]
+            offered = sum(t["offered"] for t in r["trace"])
+            r["accept_rate"] = (sum(t["accepted"] for t in r["trace"]) / offered
+                                if offered else None)
+            out[name].append(r)
+    for name, (sched, _, switches) in built.items():
+        if out[name]:
+            out[name][0]["switches"] = {rid: sw for rid, sw in switches.items()
+                                        if rid.startswith("r0-")}
+        sched.abort("", "benchmark done")
+    return out
 
 
 def doc_interleaved(target: str, draft: str, prompt: List[int], n_new: int, dtype: str,
                     rounds: int) -> Dict[str, Dict[str, Any]]:
-    """Part 1 for one document: every SETTINGS entry on its own scheduler in this process,
-    `rounds` times over the document (order rotated each round); per setting the figures
-    of its fastest round, and the acceptance trace / switches of its first."""
-    built = {name: traced_scheduler(target, draft, dtype, extra, max_total_tokens=4096)
-             for name, extra in SETTINGS.items()}
-    runs: Dict[str, List[Dict[str, Any]]] = {name: [] for name in SETTINGS}
-    for k in range(rounds):
-        for name in rotated(list(SETTINGS), k):
-            sched, trace, _ = built[name]
-            before = len(trace)
-            r = _drive(sched, [prompt], n_new, f"r{k}-")
-            steps = trace[before:]
-            offered = sum(t["offered"] for t in steps)
-            r["accept_rate"] = sum(t["accepted"] for t in steps) / offered if offered else None
-            r["trace"] = steps
-            runs[name].append(r)
+    """Part 1 for one document: `interleaved` over SETTINGS, `rounds` times over the
+    document; per setting the figures of its fastest round, the trace / switches of its
+    first."""
+    runs = interleaved(target, draft, SETTINGS, [[prompt]] * rounds, n_new, dtype,
+                       max_total_tokens=4096)
     out = {}
     for name, rs in runs.items():
         best = max(rs, key=lambda r: r["tok_s"])
-        out[name] = {**best, "trace": rs[0]["trace"], "rounds_tok_s": [r["tok_s"] for r in rs],
-                     "switches": {rid: sw for rid, sw in built[name][2].items()
-                                  if rid.startswith("r0-")}}
-        built[name][0].abort("", "benchmark done")
-    return out
-
-
-def sweep_interleaved(target: str, draft: str, rounds: List[List[List[int]]], n_new: int,
-                      dtype: str) -> Dict[str, List[Dict[str, Any]]]:
-    """Every SWEEP setting on its own scheduler, all in this process, round by round: round
-    k runs each setting on the round's prompts back to back (order rotated each round).
-    Run one setting after another, minutes apart, the machine's drift (up to 2x on this
-    shared box) swamped the differences between settings; side by side it cancels."""
-    scheds = {name: traced_scheduler(target, draft, dtype, extra)[0]
-              for name, extra in SWEEP.items()}
-    out: Dict[str, List[Dict[str, Any]]] = {name: [] for name in SWEEP}
-    for k, prompts in enumerate(rounds):
-        for name in rotated(list(SWEEP), k):
-            out[name].append(_drive(scheds[name], prompts, n_new, f"r{k}-"))
-    for sched in scheds.values():
-        sched.abort("", "benchmark done")
+        out[name] = {**best, "trace": rs[0]["trace"], "switches": rs[0]["switches"],
+                     "rounds_tok_s": [r["tok_s"] for r in rs]}
     return out
 
 
@@ -281,12 +277,16 @@ def main() -> None:
             # distinct prompts (no shared prefix), a fresh set per round
             rounds = [[prose[(k * n + i) * 8:][: args.sweep_prompt_tokens] for i in range(n)]
                       for k in range(args.sweep_rounds)]
-            by_setting = run_isolated(sweep_interleaved, target, draft, rounds,
+            by_setting = run_isolated(interleaved, target, draft, SWEEP, rounds,
                                       args.sweep_new_tokens, args.dtype)
             plain_tokens = [x["tokens"] for x in by_setting["plain"]]
             for name, rs in by_setting.items():
                 same_tokens = [x.pop("tokens") == t for x, t in zip(rs, plain_tokens)]
-                r = {"rounds": rs, "same_tokens_as_plain": same_tokens, "rounds_tok_s": [x["tok_s"] for x in rs],
+                for x in rs:
+                    x.pop("trace")
+                    x.pop("switches", None)
+                r = {"rounds": rs, "same_tokens_as_plain": same_tokens,
+                     "rounds_tok_s": [x["tok_s"] for x in rs],
                      "rounds_e2e_tok_s": [x["e2e_tok_s"] for x in rs],
                      "accept_length": [x["accept_length"] for x in rs]}
                 sweep[f"{n} | {name}"] = r

@@ -7,8 +7,9 @@ positions, a rate below `threshold` switches the request to plain decoding; afte
 doubles the wait (back-off, capped), a good one returns to speculation.
 
 Per batch: step times are measured online (the fastest of the recent samples by batch size
-and draft budget, the draft's work included) and each step picks the budget, "none" included, that maximises
-expected tokens per second; so speculation is off where it would be slower than plain.
+and draft budget, the draft's work included) and each step picks the budget, "none"
+included, that maximises expected tokens per second; so speculation is off where it would
+be slower than plain.
 """
 
 from __future__ import annotations
@@ -187,22 +188,30 @@ class CostModel:
                  if b < budget and self._measured(bs, b)]
         return self._gain(budget, rates, depth_of) / max(lower) if lower else float("inf")
 
+    def _survey(self, bs: int, rates: Sequence[float], depth_of
+                ) -> Tuple[int, float, Optional[int]]:
+        """(best measured budget, its tokens/s, the cheapest unmeasured budget that may
+        still beat it or None). Read-only."""
+        best, best_speed = 1, -1.0
+        for b in self.budgets:
+            if self._measured(bs, b):
+                speed = self._gain(b, rates, depth_of) / self.times[(bs, b)]
+                if speed > best_speed:
+                    best, best_speed = b, speed
+        for b in self.budgets:  # ascending: the cheapest unmeasured option that may win
+            if (not self._measured(bs, b) and self._bound(bs, b, rates, depth_of) > best_speed
+                    and not self._loses_below(bs, b, rates, depth_of)):
+                return best, best_speed, b
+        return best, best_speed, None
+
     def rules_out_speculation(self, rates: Sequence[float], depth_of) -> bool:
         """True when, at this batch size, plain decoding is measured and every budget is
         either measured slower or bounded below it: choose() would not speculate short of
         its occasional re-measure. Read-only (no step counted)."""
-        bs = self._bucket(len(rates))
-        if not rates or not self._measured(bs, 1):
+        if not rates:
             return False
-        plain = self._gain(1, rates, depth_of) / self.times[(bs, 1)]
-        for b in self.budgets[1:]:
-            if self._measured(bs, b):
-                if self._gain(b, rates, depth_of) / self.times[(bs, b)] > plain:
-                    return False
-            elif (self._bound(bs, b, rates, depth_of) > plain
-                  and not self._loses_below(bs, b, rates, depth_of)):
-                return False
-        return True
+        best, _, explore = self._survey(self._bucket(len(rates)), rates, depth_of)
+        return best == 1 and explore is None
 
     def choose(self, rates: Sequence[float], depth_of) -> int:
         """Budget for this step; `depth_of(budget)` is the tree depth a budget gives.
@@ -213,16 +222,9 @@ class CostModel:
         of a 32-token answer at half speed (benchmark/results/adaptive_spec_sweep.json)."""
         self.step += 1
         bs = self._bucket(len(rates))
-        best, best_speed = 1, -1.0
-        for b in self.budgets:
-            if self._measured(bs, b):
-                speed = self._gain(b, rates, depth_of) / self.times[(bs, b)]
-                if speed > best_speed:
-                    best, best_speed = b, speed
-        for b in self.budgets:  # ascending: the cheapest unmeasured option that may win
-            if (not self._measured(bs, b) and self._bound(bs, b, rates, depth_of) > best_speed
-                    and not self._loses_below(bs, b, rates, depth_of)):
-                return b
+        best, best_speed, explore = self._survey(bs, rates, depth_of)
+        if explore is not None:
+            return explore
         # Timings drift (the context grows): now and then re-measure the option seen least
         # recently among those that may still win.
         open_ = [b for b in self.budgets if b == best or (

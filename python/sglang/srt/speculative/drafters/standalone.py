@@ -137,7 +137,6 @@ class StandaloneDrafter(Drafter):
             self._catch_up(live, live_ends, want_logits=False)
         return ok
 
-
     def release(self, req, keep: int = 0) -> Optional[torch.Tensor]:
         """Drop the request's draft state; returns draft slots of its prefix [0, <= keep)
         for the radix cache (ownership passes with them); frees the rest."""
