@@ -75,7 +75,9 @@ def documents(tokenizer, prompt_tokens: int) -> Dict[str, List[int]]:
 def traced_scheduler(target: str, draft: str, dtype: str, extra: Dict[str, Any],
                      max_total_tokens: int = 16384):
     """(scheduler, trace, switches): every decode step's acceptance per request goes to
-    `trace`, each finished request's fallback switches to `switches`."""
+    `trace` (and, with the cost model on, every step's batch size, budget, seconds and
+    whether the cost model counted it, as entries with "step"), each finished request's
+    fallback switches to `switches`."""
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.server_args import ServerArgs
 
@@ -102,6 +104,17 @@ def traced_scheduler(target: str, draft: str, dtype: str, extra: Dict[str, Any],
             return forget(req)
 
         spec.record, spec.forget = traced_record, traced_forget
+        if spec.cost_model is not None:
+            end_step = spec.end_step
+
+            def traced_end_step(batch_size, had_prefill):
+                trace.append({"step": len(trace), "batch": batch_size, "budget": spec.step_budget,
+                              "seconds": round(spec.timer.elapsed(), 4),
+                              "counted": bool(batch_size and not had_prefill
+                                              and spec.step_typical)})
+                return end_step(batch_size, had_prefill)
+
+            spec.end_step = traced_end_step
     return sched, trace, switches
 
 
@@ -122,7 +135,14 @@ def interleaved(target: str, draft: str, settings: Dict[str, Dict[str, Any]],
             sched, trace, _ = built[name]
             before = len(trace)
             r = _drive(sched, prompts, n_new, f"r{k}-")
-            r["trace"] = trace[before:]
+            r["trace"] = [t for t in trace[before:] if "step" not in t]
+            steps = [t for t in trace[before:] if "step" in t]
+            if steps:  # the cost model's choices: budget -> (steps, seconds)
+                r["cost_model_steps"] = {
+                    b: (sum(1 for t in steps if t["budget"] == b),
+                        round(sum(t["seconds"] for t in steps if t["budget"] == b), 3))
+                    for b in sorted({t["budget"] for t in steps})}
+                r["steps"] = steps
             offered = sum(t["offered"] for t in r["trace"])
             r["accept_rate"] = (sum(t["accepted"] for t in r["trace"]) / offered
                                 if offered else None)
@@ -304,7 +324,8 @@ def main() -> None:
                 cm = sweep[f"{n} | spec+cost_model"]
                 print(f"concurrency {n:2d} round {k + 1}: cost model {cm['vs_better'][k]:.2f}x "
                       f"(decode) / {cm['vs_better_e2e'][k]:.2f}x (end to end) the better of "
-                      f"plain/spec", flush=True)
+                      f"plain/spec; its steps by budget (count, seconds) "
+                      f"{cm['rounds'][k].get('cost_model_steps')}", flush=True)
     same = {k: v["tokens"] == results[k.split(" | ")[0] + " | plain"]["tokens"]
             for k, v in results.items()}
     print("same tokens as plain:", same)

@@ -216,3 +216,30 @@ def test_cost_model_sees_through_steps_slowed_by_a_busy_machine():
         cm.observe(16, 1, 1.0)
     assert cm.times[(16, 1)] == 1.0
     assert cm.choose([0.6] * 16, depth) == 2
+
+
+def test_cost_model_weighs_a_catch_up_against_what_it_saves():
+    """Before the draft reads a backlog (prompts it skipped) the cost model asks whether the
+    time speculation saves over the tokens left pays for the read: a few tokens left, or a
+    budget no faster than plain, do not; a long answer with a real gain does; an unknown
+    price does (the first catch-up measures it)."""
+    cm = CostModel([1, 2, 4])
+    depth = lambda b: b - 1
+    rates = [0.8] * 4
+    for _ in range(cm.min_samples):
+        cm.observe(4, 1, 0.25)  # plain: 16 tokens/s for the batch
+    cm.observe(4, 4, 0.5)  # budget 4: 4 x 2.95 tokens / 0.5 s = 23.6 tokens/s
+    assert cm.catch_up_pays(rates, depth, remaining=40, backlog=1024)  # price unknown
+    cm.observe_catch_up(1024, 2.5)  # 2.4 ms a draft token
+    # 40 tokens left: 2.5 s plain vs 1.7 s speculating saves 0.8 s < 2.5 s of reading
+    assert not cm.catch_up_pays(rates, depth, remaining=40, backlog=1024)
+    # 400 tokens left: saves 8 s
+    assert cm.catch_up_pays(rates, depth, remaining=400, backlog=1024)
+    assert cm.catch_up_pays(rates, depth, remaining=400, backlog=1024, budget=4)
+    # unmeasured budget 2 at a low acceptance: its optimistic bound (4 x 1.05 tokens in no
+    # more than plain's 0.25 s) still beats plain, so a long answer may pay to explore it
+    assert cm.catch_up_pays([0.05] * 4, depth, remaining=4000, backlog=1024)
+    cm.observe(4, 2, 0.5)  # measured: no budget beats plain at that acceptance
+    assert not cm.catch_up_pays([0.05] * 4, depth, remaining=4000, backlog=1024)
+    cm.observe_catch_up(2048, 10.0)  # a slower sample: the recent minimum is kept
+    assert cm.catch_up_token_s == 2.5 / 1024

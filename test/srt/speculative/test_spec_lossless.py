@@ -209,6 +209,47 @@ def test_draft_skips_prompts_while_the_cost_model_runs_plain(tiny_llama_dir, pla
     sched.check_all_free()
 
 
+def test_draft_stays_behind_when_catching_up_would_not_pay(tiny_llama_dir, plain):
+    """Speculation is measured faster than plain, but the draft is behind on both prompts
+    and reading them costs more than speculating would save on the few tokens left: the
+    requests decode plainly to the end, the draft never reads them, output unchanged."""
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    g = torch.Generator().manual_seed(44)
+    ps = [torch.randint(3, 3000, (150,), generator=g).tolist() for _ in range(2)]
+    ref = run(plain, ps, [greedy(20)] * 2)
+    plain.check_all_free()
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                           speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3,
+                           speculative_disable_cost_model=False)
+    spec, cm = sched.spec, sched.spec.cost_model
+    _settle(cm, 2, {1: 0.01, 2: 1.0, 4: 1.0})  # plain at prefill: the prompts are skipped
+    for i, p in enumerate(ps):
+        sched.add_request(TokenizedGenerateReqInput(
+            rid=str(i), input_ids=p, sampling_params=SamplingParams.from_dict(greedy(20))))
+    outs = {}
+
+    def step():
+        for u in sched.step():
+            outs.setdefault(u.rid, []).extend(u.new_output_ids)
+
+    while len(sched.running) < 2 or any(len(r.output_ids) < 2 for r in sched.running):
+        step()
+    _settle(cm, 2, {1: 0.01, 2: 0.011, 4: 0.011})  # now budget 4 is ~2x faster than plain
+    cm.observe_catch_up(100, 100.0)  # but a draft token costs a second
+    catch_ups = []
+    real = spec.kv_drafter._catch_up
+    spec.kv_drafter._catch_up = lambda *a: (catch_ups.append(1), real(*a))[1]
+    while not sched.is_idle():
+        step()
+    assert not catch_ups and not spec.kv_drafter.contexts
+    assert cm.counts[(2, 4)] == cm.min_samples  # no speculative step was taken
+    for rid, (ids, _) in ref.items():
+        assert outs[rid] == ids
+    sched.check_all_free()
+
+
 def test_new_prompts_are_drafted_in_one_batched_catch_up(tiny_llama_dir, reference):
     """Prompts finishing prefill in the same step are read by the draft together: one
     catch-up, not one per request; output unchanged."""

@@ -141,6 +141,9 @@ class CostModel:
         self.times: Dict[Tuple[int, int], float] = {}  # min of samples[key]
         self.last_seen: Dict[Tuple[int, int], int] = {}
         self.step = 0
+        # Seconds per token of the draft reading a backlog (prompts it skipped, a plain
+        # stretch): the price of starting to speculate for a request that is behind.
+        self.catch_up_samples: Deque[float] = collections.deque(maxlen=window)
 
     @staticmethod
     def _bucket(bs: int) -> int:
@@ -153,6 +156,14 @@ class CostModel:
         self.times[key] = min(recent)
         self.counts[key] = self.counts.get(key, 0) + 1
         self.last_seen[key] = self.step
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self.catch_up_samples.append(seconds / tokens)
+
+    @property
+    def catch_up_token_s(self) -> Optional[float]:
+        return min(self.catch_up_samples) if self.catch_up_samples else None
 
     def _samples(self, budget: int) -> int:
         return self.min_samples if budget <= 1 else self.spec_samples
@@ -203,6 +214,32 @@ class CostModel:
                     and not self._loses_below(bs, b, rates, depth_of)):
                 return best, best_speed, b
         return best, best_speed, None
+
+    def catch_up_pays(self, rates: Sequence[float], depth_of, remaining: int, backlog: int,
+                      budget: Optional[int] = None) -> bool:
+        """Is it worth having the draft read `backlog` tokens it is behind on, so that the
+        batch can speculate at `budget` (None: the most promising speculative budget) for
+        its `remaining` tokens? Yes when the time speculation saves over those tokens (at
+        the budget's measured speed, or its optimistic bound while unmeasured) exceeds the
+        catch-up's (seconds per draft token, measured). Unknown plain speed or catch-up
+        price: yes (the first catch-up measures it). Why: an exploring step at 4 requests
+        paid 5 s to read four skipped 256-token prompts, ~20 plain steps, to measure a
+        budget that saved nothing on 10 tokens left (benchmark/results/adaptive_spec_sweep.json)."""
+        per_token = self.catch_up_token_s
+        bs = self._bucket(len(rates))
+        if backlog <= 0 or per_token is None or not rates or not self._measured(bs, 1):
+            return True
+        plain = self._gain(1, rates, depth_of) / self.times[(bs, 1)]
+        options = [budget] if budget is not None else [
+            b for b in self.budgets if b > 1 and not (
+                not self._measured(bs, b) and self._loses_below(bs, b, rates, depth_of))]
+        speed = max((self._gain(b, rates, depth_of) / self.times[(bs, b)]
+                     if self._measured(bs, b) else self._bound(bs, b, rates, depth_of)
+                     for b in options), default=0.0)
+        if speed <= plain:
+            return False
+        saved = remaining / plain - remaining / speed
+        return saved > backlog * per_token
 
     def rules_out_speculation(self, rates: Sequence[float], depth_of) -> bool:
         """True when, at this batch size, plain decoding is measured and every budget is

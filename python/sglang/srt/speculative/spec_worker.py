@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 ALGORITHMS = ("STANDALONE", "NGRAM", "HYBRID")
 TYPICAL_BACKLOG = 64  # draft catch-up tokens per request beyond which a step is atypical
+CATCH_UP_SAMPLE = 64  # catch-ups of at least this many tokens price a draft token
 
 
 def resolve_spec_defaults(server_args) -> Tuple[int, int, int]:
@@ -140,6 +141,10 @@ class SpecWorker:
         if self.cost_model is not None:
             budget = self.cost_model.choose([self.controller(r).ema_rate for r in cands],
                                             self.depth_of)
+        if budget > 1 and self.cost_model is not None and self.kv_drafter is not None:
+            cands = self._worth_catching_up(cands, budget)
+            if not cands:
+                budget = 1
         self.step_budget = budget
         if budget <= 1:
             return {}
@@ -159,7 +164,29 @@ class SpecWorker:
             # (every few steps) read a few dozen tokens and stay typical.
             tokens, reqs_read = self.kv_drafter.last_backlog
             self.step_typical = tokens <= reqs_read * TYPICAL_BACKLOG
+            self._price_catch_up()
         return {id(r): t for (r, _), t in zip(keep, trees) if t is not None and len(t) > 1}
+
+    def _worth_catching_up(self, cands, budget: int) -> list:
+        """`cands` less the requests the draft is far behind on (prompts it skipped while
+        plain decoding was ruled in, a fallback stretch), unless catching them up pays for
+        itself over their remaining tokens (CostModel.catch_up_pays). A request left out
+        decodes plainly this step and is asked again the next."""
+        behind = [r for r in cands if self.kv_drafter.backlog(r) > TYPICAL_BACKLOG]
+        if not behind:
+            return cands
+        rates = [self.controller(r).ema_rate for r in cands]
+        backlog = sum(self.kv_drafter.backlog(r) for r in behind)
+        remaining = sum(r.max_new_tokens - len(r.output_ids) for r in cands)
+        if self.cost_model.catch_up_pays(rates, self.depth_of, remaining, backlog, budget):
+            return cands
+        return [r for r in cands if self.kv_drafter.backlog(r) <= TYPICAL_BACKLOG]
+
+    def _price_catch_up(self) -> None:
+        """A long catch-up just ran: tell the cost model what a draft token costs."""
+        tokens, seconds = self.kv_drafter.last_catch_up
+        if self.cost_model is not None and tokens >= CATCH_UP_SAMPLE:
+            self.cost_model.observe_catch_up(tokens, seconds)
 
     # ------------------------------------------------------------------ verify
     def verify(self, req, tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
@@ -242,11 +269,18 @@ class SpecWorker:
             # The batch the next decode steps will run: every running request, those whose
             # prompt is still being prefilled included (with chunked prefill, the requests
             # already decoding are a smaller batch size the cost model may not have seen).
-            rates = [self.controller(r).ema_rate for r in running
+            batch = [r for r in running
                      if not r.finished and self.controller(r).should_speculate()]
+            rates = [self.controller(r).ema_rate for r in batch]
             if self.cost_model.rules_out_speculation(rates, self.depth_of):
                 return
+            # Short answers in a batch where speculation gains little: not worth the read.
+            remaining = sum(r.max_new_tokens - len(r.output_ids) for r in batch)
+            backlog = sum(self.kv_drafter.backlog(r) for r in cands)
+            if not self.cost_model.catch_up_pays(rates, self.depth_of, remaining, backlog):
+                return
         self.kv_drafter.warm_many(cands, [r.kv_len for r in cands])
+        self._price_catch_up()
 
     def end_step(self, batch_size: int, had_prefill: bool) -> None:
         """Feed the cost model with a pure decode step's wall time."""

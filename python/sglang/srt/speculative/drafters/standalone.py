@@ -16,6 +16,7 @@ radix cache through `adopt` / `draft_prefix` / `on_cached` / `release`.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -79,6 +80,8 @@ class StandaloneDrafter(Drafter):
         self.on_level: Optional[Callable[[list, List[DraftTree]], None]] = None
         # (tokens read, requests) by the latest propose's catch-up, for the cost model
         self.last_backlog: Tuple[int, int] = (0, 0)
+        # (tokens computed, seconds) by the latest catch-up (pieces and chunks)
+        self.last_catch_up: Tuple[int, float] = (0, 0.0)
 
     def _use_token_map(self, path: str) -> None:
         """Score only the map's tokens in every draft forward (speculative/token_map.py)."""
@@ -143,6 +146,14 @@ class StandaloneDrafter(Drafter):
         ctx = self.contexts.pop(req.rid, None)
         return None if ctx is None else self.kv.release(ctx, keep)
 
+    def backlog(self, req) -> int:
+        """Tokens the draft is behind on for `req` (what its next catch-up reads; a
+        streaming view skips what would leave its window unread)."""
+        ctx = self.contexts.get(req.rid)
+        behind = max(0, req.fill_len - (ctx.computed if ctx is not None else 0))
+        cfg = self.kv.cfg
+        return min(behind, cfg.sink + cfg.window) if cfg.policy == "streaming" else behind
+
     def resident(self, req) -> int:
         ctx = self.contexts.get(req.rid)
         return 0 if ctx is None else self.kv.resident(ctx)
@@ -177,7 +188,15 @@ class StandaloneDrafter(Drafter):
 
     def _catch_up(self, reqs, ends: List[int], want_logits: bool) -> List[Optional[torch.Tensor]]:
         """Draft-extend every request to ends[i] in pieces the policy chooses; returns the
-        logits at ends[i] - 1 per request (when wanted)."""
+        logits at ends[i] - 1 per request (when wanted). Timed: `last_catch_up`."""
+        t0 = time.perf_counter()
+        self._computed = 0
+        try:
+            return self._extend(reqs, ends, want_logits)
+        finally:
+            self.last_catch_up = (self._computed, time.perf_counter() - t0)
+
+    def _extend(self, reqs, ends: List[int], want_logits: bool) -> List[Optional[torch.Tensor]]:
         tokens = [r.fill_ids for r in reqs]
         ctxs = [self.context(r) for r in reqs]
         logits: List[Optional[torch.Tensor]] = [None] * len(reqs)
@@ -203,6 +222,7 @@ class StandaloneDrafter(Drafter):
                 return logits
             if jobs:
                 self._compute_chunks(jobs)
+            self._computed += sum(b[3].n for b in batch) + sum(len(j[2].tokens) for j in jobs)
             out = self._forward_pieces(batch, tokens)
             k = 0
             for i, _, _, _, final in batch:
