@@ -220,17 +220,19 @@ class StandaloneDrafter(Drafter):
                 batch.append((i, r, ctx, piece, final))
             if not batch:
                 return logits
-            if jobs:
-                self._compute_chunks(jobs)
             self._computed += sum(b[3].n for b in batch) + sum(len(j[2].tokens) for j in jobs)
-            out = self._forward_pieces(batch, tokens)
+            out = self._forward_pieces(batch, tokens, jobs)
             k = 0
             for i, _, _, _, final in batch:
                 if final:
                     logits[i] = out[k]
                     k += 1
 
-    def _forward_pieces(self, batch, tokens: List[List[int]]) -> torch.Tensor:
+    def _forward_pieces(self, batch, tokens: List[List[int]], jobs=()) -> torch.Tensor:
+        """One forward for the pieces and the chunks entering the view (`jobs`, each over
+        the sinks, placed after the pieces): every layer writes all new KV before any
+        attention reads it, so a piece already sees the chunks' KV of the same forward.
+        A separate forward per refresh cost a whole extra pass over the draft's weights."""
         ids: List[int] = []
         pos, locs, kv_idx, seq_lens, ext, rows, last = [], [], [], [], [], [], []
         for i, r, ctx, piece, final in batch:
@@ -244,10 +246,17 @@ class StandaloneDrafter(Drafter):
             last.append(len(ids) - 1)
             if final:
                 rows.append(len(ids) - 1)
+        for _, ctx, job in jobs:
+            kv_idx.append(torch.cat([self.kv.sinks(ctx), job.slots]))
+            ids += job.tokens
+            pos.append(job.positions)
+            locs.append(job.slots)
+            seq_lens.append(len(kv_idx[-1]))
+            ext.append(len(job.tokens))
         if self.kv.cfg.policy == "retrieval":
             self.recorder.rows = torch.tensor(last, dtype=torch.int64)
-        fb = self._batch([b[1] for b in batch], ids, torch.cat(pos), seq_lens, ext,
-                         torch.cat(locs), rows, kv_indices=kv_idx)
+        fb = self._batch([b[1] for b in batch] + [j[0] for j in jobs], ids, torch.cat(pos),
+                         seq_lens, ext, torch.cat(locs), rows, kv_indices=kv_idx)
         out = self.runner.forward(fb)
         queries = self.recorder.take()  # [len(batch), layers, heads, head_dim] or None
         for k, (i, _, ctx, piece, _) in enumerate(batch):
@@ -255,21 +264,6 @@ class StandaloneDrafter(Drafter):
             if queries is not None:
                 self.kv.set_query(ctx, queries[k])
         return out
-
-    def _compute_chunks(self, jobs) -> None:
-        """Recompute the draft KV of chunks entering the view, each over the sinks."""
-        ids: List[int] = []
-        pos, locs, kv_idx, seq_lens, ext = [], [], [], [], []
-        for _, ctx, job in jobs:
-            sinks = self.kv.sinks(ctx)
-            kv_idx.append(torch.cat([sinks, job.slots]))
-            ids += job.tokens
-            pos.append(job.positions)
-            locs.append(job.slots)
-            seq_lens.append(len(sinks) + len(job.tokens))
-            ext.append(len(job.tokens))
-        self.runner.forward(self._batch([j[0] for j in jobs], ids, torch.cat(pos), seq_lens, ext,
-                                        torch.cat(locs), [], kv_indices=kv_idx))
 
     # ------------------------------------------------------------------ tree
     def _grow(self, reqs, root_logits: List[torch.Tensor], budgets: List[int],
