@@ -243,3 +243,15 @@ def test_cost_model_weighs_a_catch_up_against_what_it_saves():
     assert not cm.catch_up_pays([0.05] * 4, depth, remaining=4000, backlog=1024)
     cm.observe_catch_up(2048, 10.0)  # a slower sample: the recent minimum is kept
     assert cm.catch_up_token_s == 2.5 / 1024
+
+
+def test_cost_model_prices_a_draft_token_from_the_prefill_until_it_measures_one():
+    """Before any catch-up: a target prefill's seconds per token times the draft's share of
+    the parameters; a measured catch-up then replaces the guess."""
+    cm = CostModel([1, 2, 4])
+    assert cm.catch_up_token_s is None
+    cm.observe_prefill(4096, 45.0, draft_share=0.3)
+    cm.observe_prefill(256, 5.0, draft_share=0.3)  # a slower prefill: the fastest is kept
+    assert abs(cm.catch_up_token_s - 45.0 / 4096 * 0.3) < 1e-12
+    cm.observe_catch_up(1024, 2.0)
+    assert cm.catch_up_token_s == 2.0 / 1024

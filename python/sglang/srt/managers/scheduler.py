@@ -76,6 +76,9 @@ class Scheduler:
             eviction_policy=server_args.radix_eviction_policy)
         if self.spec is not None:
             self.spec.attach_cache(self.tree_cache)
+            if self.spec.kv_drafter is not None:
+                self.spec.draft_share = (_num_params(self.spec.kv_drafter.runner.model)
+                                         / max(1, _num_params(self.runner.model)))
             if self.prefetcher is not None and self.spec.kv_drafter is not None:
                 self.spec.kv_drafter.on_level = self._on_draft_level
         self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
@@ -194,7 +197,9 @@ class Scheduler:
         if self.spec is not None and plan.reqs:
             self.spec.after_prefill([r for r, n in zip(plan.reqs, plan.num_tokens)
                                      if n > 1 and id(r) not in plan.trees and not r.finished
-                                     and r.kv_len == r.fill_len - 1], self.running)
+                                     and r.kv_len == r.fill_len - 1], self.running,
+                                    sum(n for r, n in zip(plan.reqs, plan.num_tokens)
+                                        if n > 1 and id(r) not in plan.trees))
         if self.spec is not None:
             had_prefill = any(n > 1 and id(r) not in plan.trees
                               for r, n in zip(plan.reqs, plan.num_tokens))
@@ -510,3 +515,9 @@ def _eos_ids(config, tokenizer) -> set:
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
+
+
+def _num_params(model) -> int:
+    """Parameters the module holds (a rough price ratio: an MoE's offloaded experts are not
+    counted, which only makes a draft token look dearer)."""
+    return sum(p.numel() for p in model.parameters())

@@ -144,6 +144,9 @@ class CostModel:
         # Seconds per token of the draft reading a backlog (prompts it skipped, a plain
         # stretch): the price of starting to speculate for a request that is behind.
         self.catch_up_samples: Deque[float] = collections.deque(maxlen=window)
+        # Before any catch-up is measured: the target's prefill seconds per token scaled
+        # by the draft's share of the parameters (a draft read is a small prefill).
+        self.catch_up_prior: Optional[float] = None
 
     @staticmethod
     def _bucket(bs: int) -> int:
@@ -161,9 +164,19 @@ class CostModel:
         if tokens > 0:
             self.catch_up_samples.append(seconds / tokens)
 
+    def observe_prefill(self, tokens: int, seconds: float, draft_share: float) -> None:
+        """A target prefill of `tokens` took `seconds`: prices a draft token until a real
+        catch-up is measured (the fastest estimate seen)."""
+        if tokens > 0:
+            guess = seconds / tokens * draft_share
+            self.catch_up_prior = min(guess, self.catch_up_prior or guess)
+
     @property
     def catch_up_token_s(self) -> Optional[float]:
-        return min(self.catch_up_samples) if self.catch_up_samples else None
+        return min(self.catch_up_samples) if self.catch_up_samples else self.catch_up_prior
+
+    def knows_plain(self, bs: int) -> bool:
+        return self._measured(self._bucket(bs), 1)
 
     def _samples(self, budget: int) -> int:
         return self.min_samples if budget <= 1 else self.spec_samples

@@ -92,6 +92,9 @@ class SpecWorker:
         self.step_budget = 1  # the budget chosen for the current step (1 = plain)
         self.step_typical = True  # False: the step's time says little about its budget
         self.rate_prior = 0.7  # EMA of per-position acceptance over all requests
+        # The draft's parameters over the target's (set by the scheduler): prices a draft
+        # token from the target's prefill before any catch-up is measured.
+        self.draft_share = 1.0
 
     def _candidate_budgets(self) -> List[int]:
         full = self.num_draft_tokens
@@ -252,7 +255,7 @@ class SpecWorker:
         self.total_verify_ct += 1
         self.total_accepted_tokens += emitted
 
-    def after_prefill(self, reqs, running=()) -> None:
+    def after_prefill(self, reqs, running=(), prefill_tokens: int = 0) -> None:
         """Requests whose prompt the target has just finished: catch the draft up on it
         now, as upstream runs the draft's extend with the target's prefill, all prompts in
         one batched catch-up. The cost lands in time to first token, where it belongs, and
@@ -262,6 +265,10 @@ class SpecWorker:
         (benchmark/results/adaptive_spec_sweep.json); propose catches up when needed."""
         if self.kv_drafter is None:
             return
+        if self.cost_model is not None and prefill_tokens >= CATCH_UP_SAMPLE:
+            # the step so far is the target's prefill forward (timer began at propose)
+            self.cost_model.observe_prefill(prefill_tokens, self.timer.elapsed(),
+                                            self.draft_share)
         cands = [r for r in reqs if self.eligible(r) and self.controller(r).should_speculate()]
         if not cands:
             return
@@ -275,9 +282,14 @@ class SpecWorker:
             if self.cost_model.rules_out_speculation(rates, self.depth_of):
                 return
             # Short answers in a batch where speculation gains little: not worth the read.
+            # Unknown plain speed at this batch size: decide later, once the first decode
+            # steps have measured it (a cold server at 16 requests spent 10 s of TTFT
+            # reading prompts for 32-token answers it never drafted).
             remaining = sum(r.max_new_tokens - len(r.output_ids) for r in batch)
             backlog = sum(self.kv_drafter.backlog(r) for r in cands)
-            if not self.cost_model.catch_up_pays(rates, self.depth_of, remaining, backlog):
+            if (not self.cost_model.knows_plain(len(batch)) and backlog > TYPICAL_BACKLOG
+                    * len(cands)) or not self.cost_model.catch_up_pays(
+                        rates, self.depth_of, remaining, backlog):
                 return
         self.kv_drafter.warm_many(cands, [r.kv_len for r in cands])
         self._price_catch_up()
