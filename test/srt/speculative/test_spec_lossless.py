@@ -250,38 +250,6 @@ def test_draft_stays_behind_when_catching_up_would_not_pay(tiny_llama_dir, plain
     sched.check_all_free()
 
 
-def test_cold_server_leaves_the_prompts_unread_until_plain_is_measured(tiny_llama_dir, plain):
-    """A server that has not measured plain decoding at the batch's size does not have the
-    draft read new prompts at prefill (whether that pays depends on plain's speed); the
-    decision comes with the first steps, and the output is unchanged."""
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    g = torch.Generator().manual_seed(45)
-    ps = [torch.randint(3, 3000, (150,), generator=g).tolist() for _ in range(2)]
-    ref = run(plain, ps, [greedy(16)] * 2)
-    plain.check_all_free()
-    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
-                           speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3,
-                           speculative_disable_cost_model=False)
-    spec = sched.spec
-    for i, p in enumerate(ps):
-        sched.add_request(TokenizedGenerateReqInput(
-            rid=str(i), input_ids=p, sampling_params=SamplingParams.from_dict(greedy(16))))
-    outs = {}
-    while not any(r.output_ids for r in sched.running):
-        for u in sched.step():
-            outs.setdefault(u.rid, []).extend(u.new_output_ids)
-    assert not spec.kv_drafter.contexts  # prefill done, prompts not read
-    assert spec.cost_model.catch_up_token_s is not None  # priced from the prefill
-    while not sched.is_idle():
-        for u in sched.step():
-            outs.setdefault(u.rid, []).extend(u.new_output_ids)
-    for rid, (ids, _) in ref.items():
-        assert outs[rid] == ids
-    sched.check_all_free()
-
-
 def test_new_prompts_are_drafted_in_one_batched_catch_up(tiny_llama_dir, reference):
     """Prompts finishing prefill in the same step are read by the draft together: one
     catch-up, not one per request; output unchanged."""

@@ -175,9 +175,6 @@ class CostModel:
     def catch_up_token_s(self) -> Optional[float]:
         return min(self.catch_up_samples) if self.catch_up_samples else self.catch_up_prior
 
-    def knows_plain(self, bs: int) -> bool:
-        return self._measured(self._bucket(bs), 1)
-
     def _samples(self, budget: int) -> int:
         return self.min_samples if budget <= 1 else self.spec_samples
 
