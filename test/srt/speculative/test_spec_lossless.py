@@ -168,32 +168,40 @@ def _settle(cost_model, bs: int, times: dict) -> None:
             cost_model.observe(bs, budget, seconds)
 
 
-def test_draft_skips_prompts_while_the_cost_model_runs_plain(tiny_llama_dir, plain):
-    """Where the cost model has ruled speculation out for the batch, new prompts are not
-    read by the draft at prefill (that was 11 s of TTFT at 16 requests for drafts never
-    used); when speculation becomes worth it, the draft catches up in the step itself, that
-    step's time stays out of the averages, and the output never changes."""
+def _plain_ruled_in(tiny_llama_dir, ps, n_new: int):
+    """(scheduler, step, outs): a STANDALONE scheduler whose cost model has measured
+    speculation far slower than plain at 2 requests, with `ps` submitted; step() runs one
+    scheduler step and collects the new tokens per rid into outs."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    g = torch.Generator().manual_seed(42)
-    ps = [torch.randint(3, 3000, (150,), generator=g).tolist() for _ in range(2)]
-    ref = run(plain, ps, [greedy(24)] * 2)  # prompts past TYPICAL_BACKLOG tokens
-    plain.check_all_free()
     sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
                            speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3,
                            speculative_disable_cost_model=False)
-    spec, cm = sched.spec, sched.spec.cost_model
-    _settle(cm, 2, {1: 0.01, 2: 1.0, 4: 1.0})  # speculation far slower than plain
+    _settle(sched.spec.cost_model, 2, {1: 0.01, 2: 1.0, 4: 1.0})
     for i, p in enumerate(ps):
         sched.add_request(TokenizedGenerateReqInput(
-            rid=str(i), input_ids=p, sampling_params=SamplingParams.from_dict(greedy(24))))
+            rid=str(i), input_ids=p, sampling_params=SamplingParams.from_dict(greedy(n_new))))
     outs = {}
 
     def step():
         for u in sched.step():
             outs.setdefault(u.rid, []).extend(u.new_output_ids)
 
+    return sched, step, outs
+
+
+def test_draft_skips_prompts_while_the_cost_model_runs_plain(tiny_llama_dir, plain):
+    """Where the cost model has ruled speculation out for the batch, new prompts are not
+    read by the draft at prefill (that was 11 s of TTFT at 16 requests for drafts never
+    used); when speculation becomes worth it, the draft catches up in the step itself, that
+    step's time stays out of the averages, and the output never changes."""
+    g = torch.Generator().manual_seed(42)
+    ps = [torch.randint(3, 3000, (150,), generator=g).tolist() for _ in range(2)]
+    ref = run(plain, ps, [greedy(24)] * 2)  # prompts past TYPICAL_BACKLOG tokens
+    plain.check_all_free()
+    sched, step, outs = _plain_ruled_in(tiny_llama_dir, ps, 24)
+    spec, cm = sched.spec, sched.spec.cost_model
     while len(sched.running) < 2 or any(len(r.output_ids) < 4 for r in sched.running):
         step()
     assert not spec.kv_drafter.contexts  # prompts not read: no draft KV made
@@ -213,27 +221,12 @@ def test_draft_stays_behind_when_catching_up_would_not_pay(tiny_llama_dir, plain
     """Speculation is measured faster than plain, but the draft is behind on both prompts
     and reading them costs more than speculating would save on the few tokens left: the
     requests decode plainly to the end, the draft never reads them, output unchanged."""
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
     g = torch.Generator().manual_seed(44)
     ps = [torch.randint(3, 3000, (150,), generator=g).tolist() for _ in range(2)]
     ref = run(plain, ps, [greedy(20)] * 2)
     plain.check_all_free()
-    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
-                           speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3,
-                           speculative_disable_cost_model=False)
+    sched, step, outs = _plain_ruled_in(tiny_llama_dir, ps, 20)  # prompts skipped at prefill
     spec, cm = sched.spec, sched.spec.cost_model
-    _settle(cm, 2, {1: 0.01, 2: 1.0, 4: 1.0})  # plain at prefill: the prompts are skipped
-    for i, p in enumerate(ps):
-        sched.add_request(TokenizedGenerateReqInput(
-            rid=str(i), input_ids=p, sampling_params=SamplingParams.from_dict(greedy(20))))
-    outs = {}
-
-    def step():
-        for u in sched.step():
-            outs.setdefault(u.rid, []).extend(u.new_output_ids)
-
     while len(sched.running) < 2 or any(len(r.output_ids) < 2 for r in sched.running):
         step()
     _settle(cm, 2, {1: 0.01, 2: 0.011, 4: 0.011})  # now budget 4 is ~2x faster than plain

@@ -194,16 +194,15 @@ class Scheduler:
             fb, rows = self._build_batch(plan)
             logits = self.runner.forward(fb)
             self._postprocess(plan, logits, rows)
-        if self.spec is not None and plan.reqs:
-            self.spec.after_prefill([r for r, n in zip(plan.reqs, plan.num_tokens)
-                                     if n > 1 and id(r) not in plan.trees and not r.finished
-                                     and r.kv_len == r.fill_len - 1], self.running,
-                                    sum(n for r, n in zip(plan.reqs, plan.num_tokens)
-                                        if n > 1 and id(r) not in plan.trees))
         if self.spec is not None:
-            had_prefill = any(n > 1 and id(r) not in plan.trees
-                              for r, n in zip(plan.reqs, plan.num_tokens))
-            self.spec.end_step(len(plan.reqs), had_prefill)
+            # prompt chunks of this step (a tree's nodes are not a prefill)
+            prefill = [(r, n) for r, n in zip(plan.reqs, plan.num_tokens)
+                       if n > 1 and id(r) not in plan.trees]
+            if plan.reqs:
+                self.spec.after_prefill([r for r, _ in prefill if not r.finished
+                                         and r.kv_len == r.fill_len - 1], self.running,
+                                        sum(n for _, n in prefill))
+            self.spec.end_step(len(plan.reqs), bool(prefill))
         finished = [r for r in self.running if r.finished]
         for req in finished:
             self._release(req)

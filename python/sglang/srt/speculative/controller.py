@@ -241,8 +241,8 @@ class CostModel:
             return True
         plain = self._gain(1, rates, depth_of) / self.times[(bs, 1)]
         options = [budget] if budget is not None else [
-            b for b in self.budgets if b > 1 and not (
-                not self._measured(bs, b) and self._loses_below(bs, b, rates, depth_of))]
+            b for b in self.budgets if b > 1 and (
+                self._measured(bs, b) or not self._loses_below(bs, b, rates, depth_of))]
         speed = max((self._gain(b, rates, depth_of) / self.times[(bs, b)]
                      if self._measured(bs, b) else self._bound(bs, b, rates, depth_of)
                      for b in options), default=0.0)

@@ -175,15 +175,15 @@ class SpecWorker:
         plain decoding was ruled in, a fallback stretch), unless catching them up pays for
         itself over their remaining tokens (CostModel.catch_up_pays). A request left out
         decodes plainly this step and is asked again the next."""
-        behind = [r for r in cands if self.kv_drafter.backlog(r) > TYPICAL_BACKLOG]
-        if not behind:
+        lag = {id(r): self.kv_drafter.backlog(r) for r in cands}
+        backlog = sum(n for n in lag.values() if n > TYPICAL_BACKLOG)
+        if not backlog:
             return cands
         rates = [self.controller(r).ema_rate for r in cands]
-        backlog = sum(self.kv_drafter.backlog(r) for r in behind)
         remaining = sum(r.max_new_tokens - len(r.output_ids) for r in cands)
         if self.cost_model.catch_up_pays(rates, self.depth_of, remaining, backlog, budget):
             return cands
-        return [r for r in cands if self.kv_drafter.backlog(r) <= TYPICAL_BACKLOG]
+        return [r for r in cands if lag[id(r)] <= TYPICAL_BACKLOG]
 
     def _price_catch_up(self) -> None:
         """A long catch-up just ran: tell the cost model what a draft token costs."""

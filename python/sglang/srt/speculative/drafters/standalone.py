@@ -82,6 +82,7 @@ class StandaloneDrafter(Drafter):
         self.last_backlog: Tuple[int, int] = (0, 0)
         # (tokens computed, seconds) by the latest catch-up (pieces and chunks)
         self.last_catch_up: Tuple[int, float] = (0, 0.0)
+        self._computed = 0  # tokens the running catch-up has sent through the draft
 
     def _use_token_map(self, path: str) -> None:
         """Score only the map's tokens in every draft forward (speculative/token_map.py)."""
