@@ -7,6 +7,7 @@ model continues it. Settings, side by side in one run:
   spec             STANDALONE chain, speculation at every step (no fallback, no cost model)
   spec+fallback    the same with per-request fallback (window 50, threshold 0.5, re-probe 100)
   hybrid+fallback  HYBRID (n-gram + draft model under one budget) with fallback
+  spec (server default)  fallback + the cost model, calibrated at start-up
 Part 2, concurrency sweep on prose (1, 4, 16 requests at once): plain, spec without and
 with the cost model, side by side in one process round by round. Reported: decode and
 end-to-end tokens/s, ratios to plain, acceptance, fallbacks;
@@ -39,6 +40,9 @@ SETTINGS = {
     "spec+fallback": {**SPEC, **FALLBACK},
     "hybrid+fallback": {**SPEC, **FALLBACK, "speculative_algorithm": "HYBRID",
                         "speculative_num_draft_tokens": 8},
+    # what `launch_server --speculative-algorithm STANDALONE` runs: fallback, cost model
+    # and its start-up calibration all on
+    "spec (server default)": dict(SPEC),
 }
 SWEEP = {
     "plain": {},
@@ -86,6 +90,7 @@ def traced_scheduler(target: str, draft: str, dtype: str, extra: Dict[str, Any],
     if extra.get("speculative_algorithm"):
         kw["speculative_draft_model_path"] = draft
     sched = Scheduler(ServerArgs(**kw))
+    sched.calibrate()  # as the server does before it reports ready (not traced)
     trace: List[Dict[str, Any]] = []
     switches: Dict[str, list] = {}
     spec = sched.spec
@@ -151,6 +156,8 @@ def interleaved(target: str, draft: str, settings: Dict[str, Dict[str, Any]],
         if out[name]:
             out[name][0]["switches"] = {rid: sw for rid, sw in switches.items()
                                         if rid.startswith("r0-")}
+            if sched.spec_calibration is not None:  # start-up, before round 1
+                out[name][0]["calibration"] = sched.spec_calibration.to_dict()
         sched.abort("", "benchmark done")
     return out
 
@@ -166,6 +173,7 @@ def doc_interleaved(target: str, draft: str, prompt: List[int], n_new: int, dtyp
     for name, rs in runs.items():
         best = max(rs, key=lambda r: r["tok_s"])
         out[name] = {**best, "trace": rs[0]["trace"], "switches": rs[0]["switches"],
+                     "calibration": rs[0].get("calibration"),
                      "rounds_tok_s": [r["tok_s"] for r in rs]}
     return out
 

@@ -118,3 +118,19 @@ def test_shutdown_leaves_no_pending_task(tiny_llama_dir):
         task = e.tokenizer_manager._loop_task
         assert task is not None and not task.done()
     assert task.done()
+
+
+def test_speculative_engine_starts_calibrated_with_every_slot_free(tiny_llama_dir):
+    """A speculative server times its steps per batch size before it reports ready (the
+    cost model's start-up calibration), shows what it measured in its server info, and
+    starts with every KV slot free."""
+    with sglang.Engine(model_path=tiny_llama_dir, dtype="float32", max_total_tokens=4096,
+                       speculative_algorithm="STANDALONE",
+                       speculative_draft_model_path=tiny_llama_dir,
+                       max_running_requests=4) as e:
+        info = e.get_server_info()
+        cal = info["spec_calibration"]
+        assert cal["batch_sizes"][0] == 1 and cal["stopped"]
+        assert cal["step_seconds"]["1/1"] > 0
+        assert info["available_kv_tokens"] == info["max_total_num_tokens"]
+        assert e.generate("The contract shall", greedy(6))["meta_info"]["completion_tokens"] == 6

@@ -122,6 +122,9 @@ class ServerArgs:
     speculative_fallback_threshold: float = 0.5
     speculative_reprobe_interval: int = 100
     speculative_disable_cost_model: bool = False
+    # Start-up seconds spent timing plain and speculative steps per batch size for the cost
+    # model (dummy requests, before the server reports ready); 0 = learn from traffic only.
+    speculative_calibrate_seconds: float = 30.0
 
     # Config file (merged under argv by prepare_server_args)
     config: Optional[str] = None
@@ -189,6 +192,9 @@ class ServerArgs:
                 if value is not None and value < 1:
                     raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         self._check_draft_kv()
+        if self.speculative_calibrate_seconds < 0:
+            raise ValueError("--speculative-calibrate-seconds must be >= 0 (0 skips the start-up "
+                             f"calibration), got {self.speculative_calibrate_seconds}")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be at least 1")
         if self.moe_expert_cache_slots is not None and self.moe_expert_cache_slots < 1:

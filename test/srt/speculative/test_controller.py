@@ -255,3 +255,35 @@ def test_cost_model_prices_a_draft_token_from_the_prefill_until_it_measures_one(
     assert abs(cm.catch_up_token_s - 45.0 / 4096 * 0.3) < 1e-12
     cm.observe_catch_up(1024, 2.0)
     assert cm.catch_up_token_s == 2.0 / 1024
+
+
+def test_cost_model_rules_out_a_batch_size_where_every_budget_lost_below():
+    """Where every budget lost to plain at a smaller batch (the start-up calibration stops
+    there), a bigger batch is ruled out before plain is even measured at its size: the
+    draft does not read its prompts. A high acceptance opens it again."""
+    cm = CostModel([1, 2, 4])
+    depth = lambda b: b - 1
+    for b, t in {1: 0.10, 2: 0.25, 4: 0.25}.items():
+        for _ in range(cm.min_samples):
+            cm.observe(4, b, t, calibration=True)
+    assert cm.rules_out_speculation([0.6] * 4, depth)
+    assert cm.rules_out_speculation([0.6] * 16, depth)  # plain unmeasured at 16
+    assert not cm.catch_up_pays([0.6] * 16, depth, remaining=512, backlog=4096)
+    # 3.94 tokens / 0.25 s beats 1 / 0.10 s: budget 4 may win at 16
+    assert not cm.rules_out_speculation([0.99] * 16, depth)
+    assert cm.catch_up_pays([0.99] * 16, depth, remaining=512, backlog=4096)
+
+
+def test_calibration_samples_give_way_to_the_first_real_step():
+    """Start-up samples (short random prompts) stand in until the option runs for real;
+    the first real sample replaces them, so an optimistic start-up time is not kept as the
+    window's fastest for `window` more steps."""
+    cm = CostModel([1, 2])
+    for _ in range(cm.min_samples):
+        cm.observe(4, 1, 0.10, calibration=True)
+    assert cm.times[(4, 1)] == 0.10 and cm._measured(4, 1)
+    cm.observe(4, 1, 0.30)
+    assert cm.times[(4, 1)] == 0.30
+    cm.observe(4, 1, 0.25)
+    cm.observe(4, 1, 0.40)
+    assert cm.times[(4, 1)] == 0.25  # real samples: the window's fastest, as before

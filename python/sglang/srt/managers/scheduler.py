@@ -96,6 +96,7 @@ class Scheduler:
         self.seed_rng = torch.Generator().manual_seed(
             server_args.random_seed if server_args.random_seed is not None else 42)
         self.stats: Dict[str, float] = collections.defaultdict(float)
+        self.spec_calibration = None  # the CalibrationReport, once calibrate() ran
 
     # ------------------------------------------------------------------ requests
     def add_request(self, recv: TokenizedGenerateReqInput) -> Optional[ReqUpdate]:
@@ -155,6 +156,8 @@ class Scheduler:
             updates.append(self.outputs.make_update(req))
             if self.spec is not None:
                 self.spec.forget(req)
+            if self.prefetcher is not None:
+                self.prefetcher.forget(req.rid)
         return updates
 
     def is_idle(self) -> bool:
@@ -463,13 +466,22 @@ class Scheduler:
         req.total_retractions += 1
         self.waiting.appendleft(req)
 
+    def calibrate(self) -> None:
+        """Before serving: time plain and speculative steps per batch size for the cost
+        model (--speculative-calibrate-seconds; speculative/calibration.py)."""
+        from sglang.srt.speculative.calibration import calibrate
+
+        self.spec_calibration = calibrate(self, self.server_args.speculative_calibrate_seconds)
+
     # ------------------------------------------------------------------ introspection
     def spec_state(self) -> Dict[str, object]:
         """Speculative figures for /server_info (avg_spec_accept_length as upstream)."""
         if self.spec is None:
             return {"avg_spec_accept_length": None}
         per_token = kv_bytes_per_token(self.runner.config, self.runner.kv_dtype)
+        calibration = self.spec_calibration
         return {
+            "spec_calibration": calibration.to_dict() if calibration is not None else None,
             "avg_spec_accept_length": self.spec.avg_accept_length(),
             "speculative_num_steps": self.spec.num_steps,
             "speculative_eagle_topk": self.spec.topk,

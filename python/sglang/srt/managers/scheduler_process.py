@@ -62,6 +62,7 @@ def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe) -> None:
         tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(server_args.tokenizer_path)
         ready_pipe.send({"tokenizer": shareable(tokenizer)})
         scheduler = Scheduler(server_args, tokenizer=tokenizer)
+        scheduler.calibrate()
     except Exception as e:  # the launcher shows this and exits non-zero
         ready_pipe.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return

@@ -140,6 +140,7 @@ class CostModel:
         self.samples: Dict[Tuple[int, int], Deque[float]] = {}
         self.times: Dict[Tuple[int, int], float] = {}  # min of samples[key]
         self.last_seen: Dict[Tuple[int, int], int] = {}
+        self.calibrated: set = set()  # keys whose samples all came from the calibration
         self.step = 0
         # Seconds per token of the draft reading a backlog (prompts it skipped, a plain
         # stretch): the price of starting to speculate for a request that is behind.
@@ -152,9 +153,18 @@ class CostModel:
     def _bucket(bs: int) -> int:
         return bs if bs <= 4 else 1 << (bs - 1).bit_length()  # 1,2,3,4,8,16,...
 
-    def observe(self, bs: int, budget: int, seconds: float) -> None:
+    def observe(self, bs: int, budget: int, seconds: float, calibration: bool = False) -> None:
+        """A pure decode step of `bs` requests at `budget` took `seconds`. Calibration
+        samples (start-up, short random prompts) stand until the first real one of their
+        option, which replaces them: a real context may be dearer, and the fastest of the
+        window would otherwise keep the optimistic start-up time for `window` steps."""
         key = (self._bucket(bs), budget)
         recent = self.samples.setdefault(key, collections.deque(maxlen=self.window))
+        if calibration:
+            self.calibrated.add(key)
+        elif key in self.calibrated:
+            self.calibrated.discard(key)
+            recent.clear()
         recent.append(seconds)
         self.times[key] = min(recent)
         self.counts[key] = self.counts.get(key, 0) + 1
@@ -225,6 +235,26 @@ class CostModel:
                 return best, best_speed, b
         return best, best_speed, None
 
+    def open_budgets(self, bs: int, rates: Sequence[float], depth_of) -> List[int]:
+        """Speculative budgets that may still beat plain decoding at batch size `bs`: faster
+        than plain when measured, else not found losing at a smaller batch and bounded above
+        plain (any bound while plain is unmeasured here)."""
+        plain = (self._gain(1, rates, depth_of) / self.times[(bs, 1)]
+                 if self._measured(bs, 1) else None)
+        open_ = []
+        for b in self.budgets:
+            if b <= 1:
+                continue
+            if self._measured(bs, b):
+                speed = self._gain(b, rates, depth_of) / self.times[(bs, b)]
+            elif self._loses_below(bs, b, rates, depth_of):
+                continue
+            else:
+                speed = self._bound(bs, b, rates, depth_of)
+            if plain is None or speed > plain:
+                open_.append(b)
+        return open_
+
     def catch_up_pays(self, rates: Sequence[float], depth_of, remaining: int, backlog: int,
                       budget: Optional[int] = None) -> bool:
         """Is it worth having the draft read `backlog` tokens it is behind on, so that the
@@ -232,33 +262,35 @@ class CostModel:
         its `remaining` tokens? Yes when the time speculation saves over those tokens (at
         the budget's measured speed, or its optimistic bound while unmeasured) exceeds the
         catch-up's (seconds per draft token, measured). Unknown plain speed or catch-up
-        price: yes (the first catch-up measures it). Why: an exploring step at 4 requests
-        paid 5 s to read four skipped 256-token prompts, ~20 plain steps, to measure a
-        budget that saved nothing on 10 tokens left (benchmark/results/adaptive_spec_sweep.json)."""
-        per_token = self.catch_up_token_s
+        price: yes (the first catch-up measures it), unless every budget was found losing
+        at a smaller batch. Why: an exploring step at 4 requests paid 5 s to read four
+        skipped 256-token prompts, ~20 plain steps, to measure a budget that saved nothing
+        on 10 tokens left (benchmark/results/adaptive_spec_sweep.json)."""
+        if backlog <= 0 or not rates:
+            return True
         bs = self._bucket(len(rates))
-        if backlog <= 0 or per_token is None or not rates or not self._measured(bs, 1):
+        options = [budget] if budget is not None else self.open_budgets(bs, rates, depth_of)
+        if not options:
+            return False
+        per_token = self.catch_up_token_s
+        if per_token is None or not self._measured(bs, 1):
             return True
         plain = self._gain(1, rates, depth_of) / self.times[(bs, 1)]
-        options = [budget] if budget is not None else [
-            b for b in self.budgets if b > 1 and (
-                self._measured(bs, b) or not self._loses_below(bs, b, rates, depth_of))]
-        speed = max((self._gain(b, rates, depth_of) / self.times[(bs, b)]
-                     if self._measured(bs, b) else self._bound(bs, b, rates, depth_of)
-                     for b in options), default=0.0)
+        speed = max(self._gain(b, rates, depth_of) / self.times[(bs, b)]
+                    if self._measured(bs, b) else self._bound(bs, b, rates, depth_of)
+                    for b in options)
         if speed <= plain:
             return False
         saved = remaining / plain - remaining / speed
         return saved > backlog * per_token
 
     def rules_out_speculation(self, rates: Sequence[float], depth_of) -> bool:
-        """True when, at this batch size, plain decoding is measured and every budget is
-        either measured slower or bounded below it: choose() would not speculate short of
-        its occasional re-measure. Read-only (no step counted)."""
+        """True when no budget may beat plain decoding at this batch size (measured slower,
+        bounded below it, or found losing at a smaller batch): choose() would not speculate
+        short of its occasional re-measure. Read-only (no step counted)."""
         if not rates:
             return False
-        best, _, explore = self._survey(self._bucket(len(rates)), rates, depth_of)
-        return best == 1 and explore is None
+        return not self.open_budgets(self._bucket(len(rates)), rates, depth_of)
 
     def choose(self, rates: Sequence[float], depth_of) -> int:
         """Budget for this step; `depth_of(budget)` is the tree depth a budget gives.

@@ -95,6 +95,9 @@ class SpecWorker:
         # The draft's parameters over the target's (set by the scheduler): prices a draft
         # token from the target's prefill before any catch-up is measured.
         self.draft_share = 1.0
+        # Set by the start-up calibration (calibration.py): every eligible request runs this
+        # budget, fallback and the cost model's choice aside, and prompts are always warmed.
+        self.forced_budget: Optional[int] = None
 
     def _candidate_budgets(self) -> List[int]:
         full = self.num_draft_tokens
@@ -137,14 +140,19 @@ class SpecWorker:
         self.timer.begin()
         self.step_budget = 1
         self.step_typical = True
-        cands = [r for r in reqs if self.eligible(r) and self.controller(r).should_speculate()]
+        forced = self.forced_budget
+        cands = [r for r in reqs if self.eligible(r)
+                 and (forced is not None or self.controller(r).should_speculate())]
         if not cands:
             return {}
         budget = self.num_draft_tokens
-        if self.cost_model is not None:
+        if forced is not None:
+            budget = forced
+        elif self.cost_model is not None:
             budget = self.cost_model.choose([self.controller(r).ema_rate for r in cands],
                                             self.depth_of)
-        if budget > 1 and self.cost_model is not None and self.kv_drafter is not None:
+        if (budget > 1 and forced is None and self.cost_model is not None
+                and self.kv_drafter is not None):
             cands = self._worth_catching_up(cands, budget)
             if not cands:
                 budget = 1
@@ -168,6 +176,10 @@ class SpecWorker:
             tokens, reqs_read = self.kv_drafter.last_backlog
             self.step_typical = tokens <= reqs_read * TYPICAL_BACKLOG
             self._price_catch_up()
+        if forced is not None and any(t is None or len(t) < b for (_, b), t in zip(keep, trees)):
+            # calibration: a drafter that found less to propose (n-grams) did not run the
+            # forced budget, and its time would price that budget as too cheap
+            self.step_typical = False
         return {id(r): t for (r, _), t in zip(keep, trees) if t is not None and len(t) > 1}
 
     def _worth_catching_up(self, cands, budget: int) -> list:
@@ -272,7 +284,7 @@ class SpecWorker:
         cands = [r for r in reqs if self.eligible(r) and self.controller(r).should_speculate()]
         if not cands:
             return
-        if self.cost_model is not None and running:
+        if self.cost_model is not None and running and self.forced_budget is None:
             # The batch the next decode steps will run: every running request, those whose
             # prompt is still being prefilled included (with chunked prefill, the requests
             # already decoding are a smaller batch size the cost model may not have seen).
@@ -296,7 +308,8 @@ class SpecWorker:
         """Feed the cost model with a pure decode step's wall time."""
         if (self.cost_model is not None and batch_size and not had_prefill
                 and self.step_typical):
-            self.cost_model.observe(batch_size, self.step_budget, self.timer.elapsed())
+            self.cost_model.observe(batch_size, self.step_budget, self.timer.elapsed(),
+                                    calibration=self.forced_budget is not None)
 
     def avg_accept_length(self) -> Optional[float]:
         if not self.total_verify_ct:
