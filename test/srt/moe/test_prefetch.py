@@ -147,3 +147,75 @@ def test_draft_predictor_routes_drafted_tokens_without_touching_its_state() -> N
     assert level == pred.before_verify(ctx)  # same tokens, same prediction
     assert set(level[0]) <= set(range(experts)) and len(level[0]) >= 2
     assert pred.state["a"][0] == 3  # before_verify keeps the root's row for the pass
+
+
+def test_draft_predictor_routes_the_drafts_own_residuals() -> None:
+    """A draft as wide as the target hands its residual stream per layer: a token the draft
+    computed is routed from its own residual (exactly the router's choice for it), one it
+    did not (the tree's last level) from the latest drafted residual with the embeddings
+    swapped. A draft of another width is refused."""
+    torch.manual_seed(0)
+    hidden, experts = 16, 8
+    gates = {}
+    for layer in (0, 1):
+        gates[layer] = Router(hidden, RouterConfig(num_experts=experts, top_k=2))
+        gates[layer].weight.data.normal_()
+    views = {layer: RouterView(layer, torch.nn.Identity(), g, top_k=2) for layer, g in gates.items()}
+    embed = torch.nn.Embedding(50, hidden)
+    pred = DraftPredictor(views, embed, width=0)
+    assert not pred.use_draft_hidden(hidden + 1, 2)
+    assert pred.use_draft_hidden(hidden, 2) and pred.layer_map == {0: 0, 1: 1}
+    pred.begin_step(StepContext(["a"], [[3]], [True]))
+    assert pred.on_draft_level(StepContext(["a"], [[3, 7]], [True])) == {}  # no estimate
+    res = {layer: torch.randn(2, hidden) for layer in (0, 1)}  # rows: root 3, node 7
+    got = pred.on_draft_hidden(["a", "a"], [3, 7], res)
+    chosen = lambda layer, x: set(gates[layer](x).topk_ids.reshape(-1).tolist())
+    for layer in (0, 1):
+        assert set(got[layer]) == chosen(layer, res[layer])
+    out = pred.before_verify(StepContext(["a"], [[3, 7, 9]], [True]))
+    with torch.no_grad():
+        for layer in (0, 1):
+            last = res[layer][1] - embed.weight[7] + embed.weight[9]  # node 9: not drafted
+            assert set(out[layer]) == chosen(layer, torch.stack([res[layer][0], res[layer][1], last]))
+
+
+def test_draft_residuals_predict_the_verify_better_than_the_estimate(tiny_moe_dir) -> None:
+    """Through the scheduler, a tiny MoE drafting for itself: the experts the `draft`
+    predictor names before each verify cover what the verify routes to far better from the
+    draft's own residuals than from the estimate (previous step's residual, embeddings
+    swapped), and the output is the same either way."""
+    folder = tiny_moe_dir("qwen2_moe")
+    prompts = _prompts()
+    outs, cover = {}, {}
+    for mode in ("hidden", "estimate"):
+        sched = make_scheduler(folder, moe_expert_cache_slots=4, moe_prefetch_predictor="draft",
+                               moe_prefetch_width=0, speculative_algorithm="STANDALONE",
+                               speculative_draft_model_path=folder, speculative_num_steps=3)
+        drafter, pred = sched.spec.kv_drafter, sched.prefetcher.predictor
+        assert drafter.on_hidden is not None  # same width: wired by the scheduler
+        if mode == "estimate":
+            drafter.on_hidden, pred.layer_map = None, {}
+        pending, hits = {}, [0, 0]
+        verify, routed = pred.before_verify, pred.on_routed
+
+        def before_verify(ctx, verify=verify, pending=pending):
+            out = verify(ctx)
+            pending.clear()
+            if any(ctx.is_tree):
+                pending.update({layer: set(e) for layer, e in out.items()})
+            return out
+
+        def on_routed(layer, topk_ids, routed=routed, pending=pending, hits=hits):
+            if layer in pending:
+                needed = set(topk_ids.reshape(-1).tolist())
+                hits[0] += len(needed & pending.pop(layer))
+                hits[1] += len(needed)
+            return routed(layer, topk_ids)
+
+        pred.before_verify, pred.on_routed = before_verify, on_routed
+        outs[mode] = {k: v[0] for k, v in run(sched, prompts, [greedy(12)] * 2).items()}
+        cover[mode] = hits[0] / max(1, hits[1])
+        sched.check_all_free()
+        sched.runner.model.expert_store.close()
+    assert outs["hidden"] == outs["estimate"]
+    assert cover["hidden"] > cover["estimate"] + 0.1, cover

@@ -19,7 +19,8 @@ def test_calibration_times_plain_and_speculation_then_frees_everything(tiny_llam
     or counters behind, and what the server answers next is unchanged (lossless)."""
     sched = _spec_sched(tiny_llama_dir, tiny_llama_dir)
     spec, cm = sched.spec, sched.spec.cost_model
-    kept = (spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens)
+    kept = (spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens,
+            cm.catch_up_token_s)
     report = calibrate(sched, seconds=120)
     assert report is not None and report.stopped
     assert report.batch_sizes[0] == 1
@@ -29,7 +30,9 @@ def test_calibration_times_plain_and_speculation_then_frees_everything(tiny_llam
         assert cm._measured(bs, 1)
     assert cm._measured(1, 2)  # the smallest budget is always timed at batch size 1
     assert report.step_seconds["1/1"] > 0 and report.step_seconds["1/2"] > 0
-    assert (spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens) == kept
+    # short prompts would misprice a draft token: the price stays unknown
+    assert (spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens,
+            cm.catch_up_token_s) == kept
     assert spec.forced_budget is None
     sched.check_all_free()  # also: no controllers left for the calibration requests
 

@@ -80,7 +80,11 @@ class Scheduler:
                 self.spec.draft_share = (_num_params(self.spec.kv_drafter.runner.model)
                                          / max(1, _num_params(self.runner.model)))
             if self.prefetcher is not None and self.spec.kv_drafter is not None:
-                self.spec.kv_drafter.on_level = self._on_draft_level
+                drafter = self.spec.kv_drafter
+                drafter.on_level = self._on_draft_level
+                cfg = drafter.runner.config
+                if self.prefetcher.use_draft_hidden(cfg.hidden_size, cfg.num_hidden_layers):
+                    drafter.on_hidden = self.prefetcher.on_draft_hidden
         self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
                                 if tokenizer is not None else None)
         if self.spec is not None:

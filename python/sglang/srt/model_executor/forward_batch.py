@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from enum import IntEnum, auto
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 import torch
 
@@ -55,6 +55,9 @@ class ForwardBatch:
     # Per request, KV slot indices to attend over instead of the req_to_token row
     # (length must equal seq_lens[i]); used for the draft's compressed context.
     kv_indices: Optional[List[Optional[torch.Tensor]]] = None
+    # Draft forwards for expert prefetch: called with (layer id, residual stream [T, H]) at
+    # every layer's MLP input (what a target's router reads); None = nobody listens.
+    residual_hook: Optional[Callable[[int, torch.Tensor], None]] = None
 
     @property
     def prefix_lens_cpu(self) -> List[int]:

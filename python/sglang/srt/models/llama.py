@@ -82,6 +82,7 @@ class LlamaDecoderLayer(nn.Module):
                             bias=bool(getattr(config, "mlp_bias", False)))
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layer_id = layer_id
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor], cos_sin: CosSin,
                 fb: "ForwardBatch") -> Tuple[torch.Tensor, torch.Tensor]:
@@ -93,6 +94,8 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(hidden, cos_sin, fb)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
+        if fb.residual_hook is not None:  # a draft feeding the target's expert prefetch
+            fb.residual_hook(self.layer_id, residual)
         return self.mlp(hidden), residual
 
 

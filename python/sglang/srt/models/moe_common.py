@@ -57,6 +57,8 @@ class MoEDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(hidden, cos_sin, fb)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
+        if fb.residual_hook is not None:  # an MoE drafting for a target's expert prefetch
+            fb.residual_hook(self.layer_id, residual)
         if self.prefetcher is not None:  # layer-ahead predictions start loading now
             self.prefetcher.on_moe_input(self.layer_id, hidden, residual)
         return getattr(self, self.mlp_name)(hidden), residual

@@ -70,9 +70,12 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
         return None
     model = spec.cost_model
     report = CalibrationReport()
-    # Calibration requests are not traffic: keep acceptance, counters and stats as they were.
+    # Calibration requests are not traffic: keep acceptance, counters and stats as they were,
+    # and the price of a draft token unknown: reading 32-token prompts is mostly a forward's
+    # fixed cost, and priced per token it made the draft's read of a real prompt look dear
+    # enough that the 1-request sweep decoded plainly where speculation won.
     kept = (spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens,
-            dict(scheduler.stats))
+            dict(scheduler.stats), list(model.catch_up_samples), model.catch_up_prior)
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(0)
     vocab = scheduler.runner.vocab_size
@@ -104,9 +107,12 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
             report.stopped = "every batch size up to --max-running-requests"
     finally:
         spec.forced_budget = None
-        spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens, stats = kept
+        (spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens, stats, prices,
+         model.catch_up_prior) = kept
         scheduler.stats.clear()
         scheduler.stats.update(stats)
+        model.catch_up_samples.clear()
+        model.catch_up_samples.extend(prices)
         scheduler.flush_cache()
     report.seconds = time.perf_counter() - start
     report.step_seconds = {f"{bs}/{b}": round(t, 4) for (bs, b), t in sorted(model.times.items())}

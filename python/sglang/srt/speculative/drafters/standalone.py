@@ -78,6 +78,11 @@ class StandaloneDrafter(Drafter):
         # Told (reqs, trees so far) after each tree level but the last: the target's expert
         # prefetch routes the drafted tokens while the draft computes the next level.
         self.on_level: Optional[Callable[[list, List[DraftTree]], None]] = None
+        # Told (rids, tokens, {draft layer: residual [rows, H]}) for the rows each draft
+        # forward of a proposal computes (roots, then each level's nodes): a target whose
+        # residual stream the draft shares routes them as they are, not estimated.
+        self.on_hidden: Optional[Callable[[List[str], List[int], Dict[int, torch.Tensor]],
+                                          None]] = None
         # (tokens read, requests) by the latest propose's catch-up, for the cost model
         self.last_backlog: Tuple[int, int] = (0, 0)
         # (tokens computed, seconds) by the latest catch-up (pieces and chunks)
@@ -258,7 +263,8 @@ class StandaloneDrafter(Drafter):
             self.recorder.rows = torch.tensor(last, dtype=torch.int64)
         fb = self._batch([b[1] for b in batch] + [j[0] for j in jobs], ids, torch.cat(pos),
                          seq_lens, ext, torch.cat(locs), rows, kv_indices=kv_idx)
-        out = self.runner.forward(fb)
+        roots = [b[1].rid for b in batch if b[4]]
+        out = self._forward_telling(fb, roots, [ids[k] for k in rows], rows)
         queries = self.recorder.take()  # [len(batch), layers, heads, head_dim] or None
         for k, (i, _, ctx, piece, _) in enumerate(batch):
             self.kv.commit(ctx, piece, tokens[i])
@@ -323,12 +329,27 @@ class StandaloneDrafter(Drafter):
             ext.append(len(front))
         fb = self._batch(reqs, ids, torch.tensor(pos, dtype=torch.int64), seq_lens, ext,
                          new_slots, list(range(len(ids))), kv_indices=kv_idx, custom_mask=masks)
-        out = self.runner.forward(fb)
+        rids = [r.rid for r, front in zip(reqs, frontier) for _ in front]
+        out = self._forward_telling(fb, rids, ids, list(range(len(ids))))
         split, start = [], 0
         for e in ext:
             split.append(out[start : start + e])
             start += e
         return split
+
+    def _forward_telling(self, fb: ForwardBatch, rids: List[str], tokens: List[int],
+                         rows: List[int]) -> torch.Tensor:
+        """runner.forward; with `on_hidden` set, also hand it each layer's residual stream at
+        `rows` (the proposal's roots or nodes: what the target's routers will read)."""
+        if self.on_hidden is None or not rows:
+            return self.runner.forward(fb)
+        index = torch.tensor(rows, dtype=torch.int64)
+        hidden: Dict[int, torch.Tensor] = {}
+        fb.residual_hook = lambda layer, residual: hidden.__setitem__(
+            layer, residual.index_select(0, index))  # a copy: later layers add in place
+        out = self.runner.forward(fb)
+        self.on_hidden(rids, tokens, hidden)
+        return out
 
     def _batch(self, reqs, ids: List[int], pos: torch.Tensor, seq_lens: List[int],
                ext: List[int], out_loc: torch.Tensor, rows: List[int],
