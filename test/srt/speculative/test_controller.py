@@ -287,3 +287,22 @@ def test_calibration_samples_give_way_to_the_first_real_step():
     cm.observe(4, 1, 0.25)
     cm.observe(4, 1, 0.40)
     assert cm.times[(4, 1)] == 0.25  # real samples: the window's fastest, as before
+
+
+def test_acceptance_rate_is_per_decided_position():
+    """The rate the cost model weighs a chain by is the per-position acceptance: a verify
+    that accepts 2 of 4 decided 3 positions (the third was rejected, the fourth never
+    tested), so a steady 2 of 4 is a rate of 2/3, not 1/2, and expected_tokens of the chain
+    then matches the 3 tokens such a step emits."""
+    c = ctl(threshold=0.0)
+    for _ in range(60):
+        c.on_verify(2, 4, 3)
+    assert abs(c.ema_rate - 2 / 3) < 1e-3
+    assert abs(expected_tokens(c.ema_rate, 2) - 19 / 9) < 1e-2  # depth 2: 1 + 2/3 + 4/9
+    for _ in range(60):
+        c.on_verify(4, 4, 5)  # everything accepted: the rate goes to 1
+    assert c.ema_rate > 0.99
+    for _ in range(60):
+        c.on_verify(0, 4, 1)
+    assert c.ema_rate < 0.01
+    assert c.rate() == 0.0  # the fallback window still counts offered positions

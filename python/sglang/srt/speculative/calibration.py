@@ -74,8 +74,9 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
     # and the price of a draft token unknown: reading 32-token prompts is mostly a forward's
     # fixed cost, and priced per token it made the draft's read of a real prompt look dear
     # enough that the 1-request sweep decoded plainly where speculation won.
-    kept = (spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens,
-            dict(scheduler.stats), list(model.catch_up_samples), model.catch_up_prior)
+    kept = (spec.rate_prior, vars(spec.acceptance).copy(), spec.total_verify_ct,
+            spec.total_accepted_tokens, dict(scheduler.stats), list(model.catch_up_samples),
+            model.catch_up_prior)
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(0)
     vocab = scheduler.runner.vocab_size
@@ -107,8 +108,9 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
             report.stopped = "every batch size up to --max-running-requests"
     finally:
         spec.forced_budget = None
-        (spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens, stats, prices,
-         model.catch_up_prior) = kept
+        (spec.rate_prior, acceptance, spec.total_verify_ct, spec.total_accepted_tokens, stats,
+         prices, model.catch_up_prior) = kept
+        vars(spec.acceptance).update(acceptance)
         scheduler.stats.clear()
         scheduler.stats.update(stats)
         model.catch_up_samples.clear()

@@ -15,8 +15,8 @@ import torch
 
 from sglang.srt.sampling.sampler import apply_logit_adjustments, logits_to_probs
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-from sglang.srt.speculative.controller import (CostModel, FallbackConfig, RequestController,
-                                               StepTimer)
+from sglang.srt.speculative.controller import (AcceptanceEMA, CostModel, FallbackConfig,
+                                               RequestController, StepTimer)
 from sglang.srt.speculative.tree import DraftTree
 from sglang.srt.speculative.verify import VerifyResult, verify_greedy, verify_sampling
 
@@ -91,7 +91,8 @@ class SpecWorker:
         self.timer = StepTimer()
         self.step_budget = 1  # the budget chosen for the current step (1 = plain)
         self.step_typical = True  # False: the step's time says little about its budget
-        self.rate_prior = 0.7  # EMA of per-position acceptance over all requests
+        self.rate_prior = 0.7  # per-position acceptance over all recent requests
+        self.acceptance = AcceptanceEMA(self.rate_prior, decay=0.95)
         # The draft's parameters over the target's (set by the scheduler): prices a draft
         # token from the target's prefill before any catch-up is measured.
         self.draft_share = 1.0
@@ -255,7 +256,7 @@ class SpecWorker:
         ctl = self.controller(req)
         if offered:
             ctl.on_verify(accepted, offered, emitted)
-            self.rate_prior = 0.95 * self.rate_prior + 0.05 * (accepted / offered)
+            self.rate_prior = self.acceptance.update(accepted, offered)
         else:
             ctl.on_plain_tokens(emitted)
         req.spec_verify_ct += 1
