@@ -306,3 +306,25 @@ def test_acceptance_rate_is_per_decided_position():
         c.on_verify(0, 4, 1)
     assert c.ema_rate < 0.01
     assert c.rate() == 0.0  # the fallback window still counts offered positions
+
+
+def test_a_close_start_up_time_gets_one_real_step():
+    """A budget that the start-up calibration found a little slower than plain (one sample,
+    maybe a slow moment of the host) is tried once on real text; one found far slower is
+    not; the real sample then decides."""
+    cm = CostModel([1, 2, 4])
+    depth = lambda b: b - 1
+    rates = [0.7]
+    for b, t in {1: 0.10, 2: 0.20, 4: 0.50}.items():  # speeds 10, 8.5, 5.1 tokens/s
+        for _ in range(cm._samples(b)):
+            cm.observe(1, b, t, calibration=True)
+    for _ in range(cm.min_samples):
+        cm.observe(1, 1, 0.10)  # plain measured for real
+    assert cm.choose(rates, depth) == 2  # 8.5 >= 0.75 x 10: once, for real
+    cm.observe(1, 2, 0.15)  # real: 11.3 tokens/s, faster than plain
+    assert [cm.choose(rates, depth) for _ in range(5)] == [2] * 5  # 4 (5.1) never tried
+    cm2 = CostModel([1, 2])
+    cm2.observe(1, 2, 0.40, calibration=True)  # 4.25 tokens/s: far below plain
+    for _ in range(cm2.min_samples):
+        cm2.observe(1, 1, 0.10)
+    assert [cm2.choose(rates, depth) for _ in range(5)] == [1] * 5

@@ -144,6 +144,12 @@ def expected_tokens(rate: float, depth: int) -> float:
     return (1 - rate ** (depth + 1)) / (1 - rate)
 
 
+# A budget whose start-up (calibration) speed comes within this fraction of the best option
+# gets one real step: a single start-up sample caught in a slow moment of a shared host kept
+# the chain of 4 off at 1 request for a whole run (re-measures come every 200 steps).
+CALIBRATION_MARGIN = 0.75
+
+
 class CostModel:
     """Recent step time per (batch size, budget); picks the budget with the highest expected
     tokens per second. Budget 1 means plain decoding (the root only)."""
@@ -263,6 +269,11 @@ class CostModel:
         for b in self.budgets:  # ascending: the cheapest unmeasured option that may win
             if (not self._measured(bs, b) and self._bound(bs, b, rates, depth_of) > best_speed
                     and not self._loses_below(bs, b, rates, depth_of)):
+                return best, best_speed, b
+        for b in self.budgets:  # then a close start-up time, once, on real text
+            if ((bs, b) in self.calibrated and b != best
+                    and self._gain(b, rates, depth_of) / self.times[(bs, b)]
+                    >= CALIBRATION_MARGIN * best_speed):
                 return best, best_speed, b
         return best, best_speed, None
 
