@@ -337,11 +337,11 @@ def main() -> None:
             # All rounds pooled (tokens over seconds): one noisy round weighs its share only.
             # Two schedulers doing the very same plain steps differed by up to 15% a round
             # on this host (an A/B of plain against spec forced to budget 1).
-            for metric, secs in (("total_tok_s", "decode_s"), ("total_e2e_tok_s", "e2e_s")):
+            for metric, rate, secs in (("total_tok_s", "tok_s", "decode_s"),
+                                       ("total_e2e_tok_s", "e2e_tok_s", "e2e_s")):
                 for name in SWEEP:
                     rs = sweep[f"{n} | {name}"]["rounds"]
-                    toks = sum(x["tok_s"] * x["decode_s"] if secs == "decode_s"
-                               else x["e2e_tok_s"] * x["e2e_s"] for x in rs)
+                    toks = sum(x[rate] * x[secs] for x in rs)
                     sweep[f"{n} | {name}"][metric] = toks / sum(x[secs] for x in rs)
             cm = sweep[f"{n} | spec+cost_model"]
             for metric, label in (("total_tok_s", "decode"), ("total_e2e_tok_s", "end to end")):

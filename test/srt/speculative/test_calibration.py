@@ -55,3 +55,12 @@ def test_calibration_off_or_without_a_cost_model_does_nothing(tiny_llama_dir):
     assert calibrate(ngram, seconds=30) is None  # no draft model: explored online
     assert not ngram.spec.cost_model.times
     assert calibrate(make_scheduler(tiny_llama_dir), seconds=30) is None  # no speculation
+
+
+def test_a_negative_calibration_time_is_refused_with_what_to_change(tiny_llama_dir):
+    import pytest
+
+    from sglang.srt.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="--speculative-calibrate-seconds must be >= 0"):
+        ServerArgs(model_path=tiny_llama_dir, speculative_calibrate_seconds=-1)
