@@ -115,6 +115,33 @@ def plot_bars(path: str, title: str, groups: List[str], series: Dict[str, List[O
     return path
 
 
+def share_dense_weights() -> None:
+    """In this process, load each dense checkpoint once per (path, dtype, device) and hand
+    every later scheduler the same module: weights are read-only at inference, and each
+    scheduler keeps its own KV pools, requests and draft state. Part 1 of bench_adaptive
+    runs five settings side by side in one process; with a copy of the Qwen pair each
+    (3 + 1 GB in bf16) the worker reached 23 GB and the OOM killer ended it. MoE models
+    (an expert store per scheduler, with its own slots) are loaded as before."""
+    from sglang.srt.model_loader import loader
+
+    if getattr(loader.load_model, "shared", False):
+        return
+    load = loader.load_model
+    cache: Dict[tuple, Any] = {}
+
+    def shared_load(model_path, dtype="auto", device="cpu", moe_expert_cache_slots=None,
+                    **kwargs):
+        if moe_expert_cache_slots is not None:
+            return load(model_path, dtype, device, moe_expert_cache_slots, **kwargs)
+        key = (model_path, str(dtype), device)
+        if key not in cache:
+            cache[key] = load(model_path, dtype, device, None, **kwargs)
+        return cache[key]
+
+    shared_load.shared = True
+    loader.load_model = shared_load
+
+
 def run_isolated(fn, *args, **kwargs):
     """fn(*args, **kwargs) in a fresh spawned process; returns its (picklable) result.
 

@@ -28,7 +28,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 sys.path.insert(0, os.path.join(_ROOT, "benchmark"))
 sys.path.insert(0, os.path.join(_ROOT, "python"))
 sys.path.insert(0, os.path.join(_ROOT, "scripts"))
-from common import machine_info, run_isolated, save  # noqa: E402
+from common import machine_info, run_isolated, save, share_dense_weights  # noqa: E402
 
 SPEC = dict(speculative_algorithm="STANDALONE", speculative_num_steps=4, speculative_eagle_topk=1)
 NO_ADAPT = dict(speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
@@ -131,6 +131,7 @@ def interleaved(target: str, draft: str, settings: Dict[str, Dict[str, Any]],
     setting after another, minutes apart, the machine's drift (up to 2x on this shared box:
     the host steals CPU) swamped the differences between settings; side by side it cancels.
     Per setting and round: _drive's figures, the round's acceptance trace and rate."""
+    share_dense_weights()  # five copies of the Qwen pair did not fit in 24 GB
     built = {name: traced_scheduler(target, draft, dtype, extra, max_total_tokens)
              for name, extra in settings.items()}
     names = list(settings)
