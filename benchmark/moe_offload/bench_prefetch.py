@@ -42,7 +42,7 @@ def draft_for(model: str) -> str:
 
 
 def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, slots: int,
-                predictor: str, steps: int, dtype: str) -> Dict[str, Any]:
+                predictor: str, steps: int, dtype: str, keep_width: int = 1) -> Dict[str, Any]:
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -50,7 +50,8 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
 
     kw: Dict[str, Any] = dict(model_path=path, dtype=dtype, max_total_tokens=4096,
                               moe_expert_cache_slots=slots, moe_expert_drop_page_cache=True,
-                              moe_prefetch_predictor=predictor, moe_prefetch_width=0)
+                              moe_prefetch_predictor=predictor, moe_prefetch_width=0,
+                              moe_prefetch_keep_width=keep_width)
     if draft is not None:
         kw.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
                   speculative_num_steps=steps, speculative_eagle_topk=1,
@@ -89,6 +90,9 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
     out["target_passes"] = len(passes)
     out["mean_pass_s"] = sum(passes) / len(passes) if passes else None
     out["mean_verify_s"] = sum(verify) / len(verify) if verify else None
+    # the rest of a step: the draft's forwards, the predictors' routing, the scheduler (a
+    # prefetch that wins in the verify can lose it here, to loads competing for the cores)
+    out["mean_outside_target_s"] = (decode_s - sum(passes)) / len(passes) if passes else None
     st = store.stats().to_dict()["total"]
     out.update(hit_rate=st["hit_rate"], stall_s=st["stall_seconds"], loads=st["loads"],
                bytes_loaded=st["bytes_loaded"], misses=st["misses"], late=st["late"])
@@ -114,6 +118,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--fractions", default="0.25,0.5")
     ap.add_argument("--predictors", default=",".join(PREDICTORS))
+    ap.add_argument("--keep-widths", default="1",
+                    help="--moe-prefetch-keep-width values to run draft/ensemble with "
+                         "(0: protect only the fetched experts)")
+    ap.add_argument("--tag", default="", help="suffix of the results' file name")
     args = ap.parse_args()
 
     import json
@@ -135,18 +143,25 @@ def main() -> None:
     predictors = [p for p in args.predictors.split(",") if p]
     for frac in (float(f) for f in args.fractions.split(",")):
         slots = max(cfg.get("num_experts_per_tok", 2), round(num_experts * frac))
-        settings = [("plain", None, "none"), ("spec", draft, "none")]
-        settings += [(f"spec+{p}", draft, p) for p in predictors]
-        for name, d, pred in settings:
+        settings = [("plain", None, "none", 1), ("spec", draft, "none", 1)]
+        for p in predictors:
+            widths = ([int(w) for w in args.keep_widths.split(",")]
+                      if p in ("draft", "ensemble") else [1])
+            settings += [(f"spec+{p}" + ("" if w == 1 else f"/keep{w}"), draft, p, w)
+                         for w in widths]
+        for name, d, pred, keep in settings:
             key = f"{int(frac * 100)}% {name}"
-            r = run_setting(path, d, prompt, args.new_tokens, slots, pred, args.steps, args.dtype)
+            r = run_setting(path, d, prompt, args.new_tokens, slots, pred, args.steps, args.dtype,
+                            keep)
             r["slots"] = slots
             results[key] = r
             fig = (f" recall {r['recall']:.2f} precision {r['precision'] or 0:.2f}"
                    if "recall" in r else "")
-            verify = f" verify {r['mean_verify_s'] * 1e3:.0f} ms" if r["mean_verify_s"] else ""
+            verify = (f" verify {r['mean_verify_s'] * 1e3:.0f} ms, rest of step "
+                      f"{r['mean_outside_target_s'] * 1e3:.0f} ms" if r["mean_verify_s"] else "")
             print(f"{key:28s} {r['tok_s']:6.2f} tok/s{verify} hit {r['hit_rate']:.2f} "
-                  f"stall {r['stall_s']:.2f}s{fig}", flush=True)
+                  f"stall {r['stall_s']:.2f}s "
+                  f"GB loaded {r['bytes_loaded'] / 1e9:.2f}{fig}", flush=True)
     ref = next(iter(results.values()))["tokens"]
     same = {k: v["tokens"] == ref for k, v in results.items()}
     ratios = {}
@@ -167,7 +182,7 @@ def main() -> None:
                "prompt_tokens": len(prompt), "new_tokens": args.new_tokens, "steps": args.steps,
                "dtype": args.dtype, "machine": machine_info(), "same_tokens": same,
                "ratios": ratios, "results": results}
-    out = save(f"moe_prefetch_{args.model}", payload)
+    out = save(f"moe_prefetch_{args.model}{args.tag}", payload)
     keys = list(results)
     plot_bars(out[:-5] + ".png", f"Expert prefetch, {args.model} (tokens/s, batch 1)", keys,
               {"tok/s": [results[k]["tok_s"] for k in keys]}, "tokens/s")

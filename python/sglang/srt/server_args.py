@@ -97,6 +97,9 @@ class ServerArgs:
     # and how many experts beyond top-k per token a router-based predictor fetches.
     moe_prefetch_predictor: str = "none"
     moe_prefetch_width: int = 0
+    # `draft` keeps every expert in some token's top-(k + width + keep_width) from being
+    # evicted by a prefetch: a load then takes only a slot the pass will all but surely not use.
+    moe_prefetch_keep_width: int = 1
     tp_size: int = 1
     num_threads: Optional[int] = None
 
@@ -207,6 +210,9 @@ class ServerArgs:
                              "expert resident there is nothing to prefetch)")
         if self.moe_prefetch_width < 0:
             raise ValueError(f"--moe-prefetch-width must be >= 0, got {self.moe_prefetch_width}")
+        if self.moe_prefetch_keep_width < 0:
+            raise ValueError("--moe-prefetch-keep-width must be >= 0, got "
+                             f"{self.moe_prefetch_keep_width}")
 
     def _check_draft_kv(self) -> None:
         """Long-context drafting flags; checks that need the draft's config run at load

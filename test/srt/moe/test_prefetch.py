@@ -12,6 +12,7 @@ from sglang.srt.layers.moe.prefetch import (PREDICTORS, DraftPredictor, Ensemble
                                             ExpertPredictor,
                                             PrefetchStats, ReusePredictor, RouterView,
                                             StepContext, route_rank)
+from sglang.srt.layers.moe.route_predict import RouterStack
 from sglang.srt.layers.moe.router import Router, RouterConfig
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
 
@@ -63,6 +64,78 @@ def test_route_rank_covers_the_routers_choice() -> None:
     assert set(ranked) == chosen
     wider = route_rank(RouterView(0, norm, gate, 2), x, extra=2)
     assert chosen < set(wider) and len(wider) <= 8
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+def test_router_stack_routes_every_layer_as_each_router_would(scoring) -> None:
+    """One batched pass over all layers names, per layer, what each router alone would
+    (fetch: some row's top-k, most mass first), and keeps from eviction exactly the union
+    of each row's top-(k + keep_extra). A layer with another expert count goes alone."""
+    torch.manual_seed(1)
+    hidden, views, xs = 16, {}, {}
+    for layer, experts in ((0, 8), (1, 8), (3, 8), (5, 6)):
+        cfg = RouterConfig(num_experts=experts, top_k=2, scoring=scoring,
+                           correction_bias=scoring == "sigmoid")
+        gate = Router(hidden, cfg)
+        gate.weight.data.normal_()
+        if gate.e_score_correction_bias is not None:
+            gate.e_score_correction_bias.data.normal_()  # negative scores are still chosen
+        norm = torch.nn.LayerNorm(hidden)  # any norm: each layer applies its own
+        views[layer] = RouterView(layer, norm, gate, top_k=2)
+        xs[layer] = torch.randn(5, hidden)
+    stack = RouterStack(views)
+    assert stack.single == [5]
+    fetch, keep = stack.rank(xs, extra=0, keep_extra=1)
+    for layer, view in views.items():
+        with torch.no_grad():
+            chosen = set(view.gate(view.norm(xs[layer])).topk_ids.reshape(-1).tolist())
+        assert set(fetch[layer]) == chosen, layer
+        assert fetch[layer] == route_rank(view, xs[layer], extra=0)
+        wider = set(route_rank(view, xs[layer], extra=1))
+        assert keep[layer] == wider and chosen <= keep[layer]
+    # a subset of the layers (a draft with fewer layers than the target)
+    part, _ = stack.rank({1: xs[1], 3: xs[3]}, extra=0, keep_extra=0)
+    assert part == {1: fetch[1], 3: fetch[3]}
+
+
+def test_prefetch_never_evicts_what_the_predictor_keeps(tiny_moe_dir) -> None:
+    """A load the predictor asks for takes a free slot or one whose expert the predictor
+    does not expect the pass to use (keep_for), else it is dropped: swapping two likely
+    experts costs a load and saves none."""
+    from sglang.srt.layers.moe.prefetch import ExpertPrefetcher
+    from sglang.srt.model_loader.loader import load_model
+
+    class Scripted(ExpertPredictor):
+        def __init__(self):
+            self.fetch, self.keep = {}, {}
+
+        def begin_step(self, ctx):
+            return self.fetch
+
+        def keep_for(self, layer):
+            return self.keep.get(layer, set())
+
+    model, _ = load_model(tiny_moe_dir("mixtral"), dtype="float32", moe_expert_cache_slots=2)
+    store = model.expert_store
+    layer = store.layers()[0]
+    pred = Scripted()
+    pf = ExpertPrefetcher(store, pred, expert_bytes=1)
+    ctx = StepContext(["a"], [[1]], [False])
+    pred.fetch = {layer: [0, 1]}
+    pf.begin_step(ctx)
+    store.wait_loads()
+    pf.on_routed(layer, torch.tensor([[0, 1]]))  # the pass used them: a new step begins
+    pred.fetch, pred.keep = {layer: [2]}, {layer: {0, 1, 2}}
+    pf.begin_step(ctx)
+    store.wait_loads()
+    assert store.resident(layer) == [0, 1]  # both kept: expert 2 was not loaded
+    pf.on_routed(layer, torch.tensor([[0, 1]]))
+    pred.keep = {layer: {1, 2}}
+    pf.begin_step(ctx)
+    store.wait_loads()
+    assert store.resident(layer) == [1, 2]  # 0 was not expected: 2 took its slot
+    store.check_idle()
+    store.close()
 
 
 def test_ensemble_interleaves_and_respects_budget() -> None:
@@ -219,3 +292,18 @@ def test_draft_residuals_predict_the_verify_better_than_the_estimate(tiny_moe_di
         sched.runner.model.expert_store.close()
     assert outs["hidden"] == outs["estimate"]
     assert cover["hidden"] > cover["estimate"] + 0.1, cover
+
+
+def test_keep_width_reaches_the_predictor_and_is_checked(tiny_moe_dir) -> None:
+    """--moe-prefetch-keep-width goes from ServerArgs to the draft predictor (0: protect
+    only the fetched experts); a negative value is refused with the flag's name."""
+    from sglang.srt.server_args import ServerArgs
+
+    folder = tiny_moe_dir("qwen2_moe")
+    with pytest.raises(ValueError, match="--moe-prefetch-keep-width must be >= 0"):
+        ServerArgs(model_path=folder, moe_prefetch_keep_width=-1)
+    for width in (0, 2):
+        sched = make_scheduler(folder, moe_expert_cache_slots=4, moe_prefetch_predictor="draft",
+                               moe_prefetch_keep_width=width)
+        assert sched.prefetcher.predictor.keep_width == width
+        sched.runner.model.expert_store.close()

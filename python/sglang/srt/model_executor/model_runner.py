@@ -51,7 +51,8 @@ class ModelRunner:
             moe_expert_cache_slots=getattr(server_args, "moe_expert_cache_slots", None),
             moe_expert_drop_page_cache=getattr(server_args, "moe_expert_drop_page_cache", False),
             moe_prefetch_predictor=getattr(server_args, "moe_prefetch_predictor", "none"),
-            moe_prefetch_width=getattr(server_args, "moe_prefetch_width", 0))
+            moe_prefetch_width=getattr(server_args, "moe_prefetch_width", 0),
+            moe_prefetch_keep_width=getattr(server_args, "moe_prefetch_keep_width", 1))
         # --- end MoE expert store ---
         self.model.eval()
         self.dtype = next(self.model.parameters()).dtype

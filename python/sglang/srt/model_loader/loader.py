@@ -75,7 +75,8 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
                device: str = "cpu", moe_expert_cache_slots: Optional[int] = None,
                moe_expert_drop_page_cache: bool = False, moe_prefetch_predictor: str = "none",
-               moe_prefetch_width: int = 0) -> Tuple[nn.Module, PretrainedConfig]:
+               moe_prefetch_width: int = 0,
+               moe_prefetch_keep_width: int = 1) -> Tuple[nn.Module, PretrainedConfig]:
     """(model in eval mode without grads, its config) from an HF folder or a .gguf file.
 
     `moe_expert_cache_slots`: MoE models keep that many experts per layer in memory and
@@ -86,6 +87,7 @@ def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
         config.moe_expert_cache_slots = moe_expert_cache_slots  # read by MoE model constructors
         config.moe_prefetch_predictor = moe_prefetch_predictor  # read by attach_expert_store
         config.moe_prefetch_width = moe_prefetch_width
+        config.moe_prefetch_keep_width = moe_prefetch_keep_width
     torch_dtype = resolve_dtype(dtype, config, gguf_file is not None, device)
     model_class = get_model_class(getattr(config, "architectures", None) or [])
     with torch.device("meta"), _default_dtype(torch_dtype):

@@ -251,10 +251,12 @@ class MoECausalLM(nn.Module):
         self.expert_prefetcher = None
         predictor = getattr(self.config, "moe_prefetch_predictor", None) or "none"
         if predictor != "none":
-            self.attach_prefetcher(predictor, getattr(self.config, "moe_prefetch_width", 0))
+            self.attach_prefetcher(predictor, getattr(self.config, "moe_prefetch_width", 0),
+                                   getattr(self.config, "moe_prefetch_keep_width", 1))
         return store
 
-    def attach_prefetcher(self, name: str, width: int = 0) -> "ExpertPrefetcher":
+    def attach_prefetcher(self, name: str, width: int = 0,
+                          keep_width: int = 1) -> "ExpertPrefetcher":
         """Hook predictor `name` into every decoder layer (see layers/moe/prefetch.py)."""
         from sglang.srt.layers.moe.prefetch import ExpertPrefetcher, RouterView, build_predictor
 
@@ -265,7 +267,7 @@ class MoECausalLM(nn.Module):
         first = next(iter(blocks.values())).experts
         expert_bytes = (first.w13[0].numel() + first.w2[0].numel()) * first.w13.element_size()
         predictor = build_predictor(name, views, self.model.embed_tokens, width,
-                                    self.expert_store.num_slots)
+                                    self.expert_store.num_slots, keep_width)
         pf = ExpertPrefetcher(self.expert_store, predictor, expert_bytes)
         for layer in self.model.layers:
             layer.prefetcher = pf

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set
 
 import torch
+
+from sglang.srt.layers.moe.route_predict import RouterStack, RouterView, route_rank
 
 if TYPE_CHECKING:
     from sglang.srt.layers.moe.expert_store import ExpertStore
@@ -114,37 +116,6 @@ class PrefetchStats:
 # ---------------------------------------------------------------------------- predictors
 
 
-@dataclasses.dataclass
-class RouterView:
-    """What a predictor may run of MoE layer `layer`: its pre-MoE norm and its router."""
-
-    layer: int
-    norm: torch.nn.Module  # post_attention_layernorm: residual stream -> MoE input
-    gate: torch.nn.Module  # Router: MoE input -> RoutingResult-like top-k
-    top_k: int
-
-
-def route_rank(view: RouterView, residual: torch.Tensor, extra: int) -> List[int]:
-    """Experts ranked by summed router probability over the rows of `residual` [n, H],
-    keeping each row's top-(k + extra)."""
-    with torch.no_grad():
-        weight = view.gate.weight.to(residual.dtype)
-        logits = torch.nn.functional.linear(view.norm(residual), weight).float()
-        if view.gate.cfg.scoring == "sigmoid":  # DeepSeek-V3: the choice adds the bias
-            scores = logits.sigmoid()
-            bias = getattr(view.gate, "e_score_correction_bias", None)
-            if bias is not None:
-                scores = scores + bias.float()
-        else:
-            scores = logits.softmax(-1)
-        k = min(view.top_k + extra, scores.shape[-1])
-        top = scores.topk(k, dim=-1)
-        mass = torch.zeros(scores.shape[-1]).index_add_(0, top.indices.reshape(-1),
-                                                         top.values.reshape(-1))
-    order = torch.argsort(mass, descending=True, stable=True)
-    return [int(e) for e in order[: int((mass > 0).sum())].tolist()]
-
-
 class ExpertPredictor:
     """Base: predicts nothing. Each hook returns {layer: experts, most wanted first}."""
 
@@ -174,6 +145,12 @@ class ExpertPredictor:
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
         pass
+
+    def keep_for(self, layer: int) -> Set[int]:
+        """Experts of `layer` this step's pass may well use beyond those asked for: a
+        prefetch must not evict them (a swap of two likely experts costs a load and saves
+        none, and loads are what the slow tier is short of)."""
+        return set()
 
     def forget(self, rid: str) -> None:
         pass
@@ -240,8 +217,14 @@ class DraftPredictor(ExpertPredictor):
 
     name = "draft"
 
-    def __init__(self, views: Dict[int, RouterView], embed: torch.nn.Embedding, width: int) -> None:
+    def __init__(self, views: Dict[int, RouterView], embed: torch.nn.Embedding, width: int,
+                 keep_width: int = 1) -> None:
         self.views, self.embed, self.width = views, embed, width
+        self.routers = RouterStack(views)
+        # Experts in some row's top-(k + width + keep_width) are kept from eviction this step
+        # (route_predict.py: top-3 held 0.995 of the SmolLM2 target's top-2).
+        self.keep_width = keep_width
+        self.keep: Dict[int, Set[int]] = {}
         # rid -> (token id, {layer: residual [H]}) of the request's latest processed token
         self.state: Dict[str, tuple] = {}
         self._rows: Optional[List[tuple]] = None  # (rid, row) to keep from this pass
@@ -269,7 +252,7 @@ class DraftPredictor(ExpertPredictor):
     def begin_step(self, ctx: StepContext) -> Dict[int, List[int]]:
         """Each request's last token (a tree's root) is the pass's first row: its experts can
         load during the whole of the draft's work."""
-        self.drafted, self.latest = {}, {}
+        self.drafted, self.latest, self.keep = {}, {}, {}
         return self._route(ctx)
 
     def on_draft_level(self, ctx: StepContext) -> Dict[int, List[int]]:
@@ -288,8 +271,21 @@ class DraftPredictor(ExpertPredictor):
             res = {layer: h[row] for layer, h in hidden.items()}
             self.drafted.setdefault(rid, {})[token] = res
             self.latest[rid] = (token, res)
-        return {layer: route_rank(view, hidden[self.layer_map[layer]], self.width)
-                for layer, view in self.views.items() if self.layer_map[layer] in hidden}
+        return self._rank({layer: hidden[self.layer_map[layer]] for layer in self.views
+                           if self.layer_map[layer] in hidden})
+
+    def _rank(self, residuals: Dict[int, torch.Tensor]) -> Dict[int, List[int]]:
+        """Route rows per layer; remember what to keep from eviction until the layer runs."""
+        fetch, keep = self.routers.rank(residuals, self.width, self.keep_width)
+        for layer, experts in keep.items():
+            self.keep.setdefault(layer, set()).update(experts)
+        return fetch
+
+    def keep_for(self, layer: int) -> Set[int]:
+        return self.keep.get(layer, set())
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
+        self.keep.pop(layer, None)  # the pass has used the layer: its next use is next step
 
     def before_verify(self, ctx: StepContext) -> Dict[int, List[int]]:
         if len(self.state) > 2 * len(ctx.rids) + 64:  # aborted requests never say goodbye
@@ -326,8 +322,7 @@ class DraftPredictor(ExpertPredictor):
             if not embs:
                 return {}
             emb = torch.cat(embs)
-            return {layer: route_rank(view, emb + torch.cat(bases[layer]), self.width)
-                    for layer, view in self.views.items()}
+            return self._rank({layer: emb + torch.cat(bases[layer]) for layer in self.views})
 
     def _route_drafted(self, ctx: StepContext) -> Dict[int, List[int]]:
         """Every row of the pass from the draft's residuals: a token the draft computed as
@@ -351,9 +346,9 @@ class DraftPredictor(ExpertPredictor):
                                                + emb[tok].to(base.dtype))
                         else:  # nothing drafted for this request: the embedding alone
                             rows[layer].append(emb[tok])
-            return {layer: route_rank(view, torch.stack(
-                        [r.to(rows[layer][0].dtype) for r in rows[layer]]), self.width)
-                    for layer, view in self.views.items() if rows[layer]}
+            return self._rank({layer: torch.stack([r.to(rows[layer][0].dtype)
+                                                   for r in rows[layer]])
+                               for layer in self.views if rows[layer]})
 
     def on_moe_input(self, layer, normed, residual, ctx) -> Dict[int, List[int]]:
         if self._rows and layer in self.views and residual.shape[0] == self._num_rows:
@@ -410,6 +405,9 @@ class EnsemblePredictor(ExpertPredictor):
         for m in self.members:
             m.on_routed(layer, topk_ids)
 
+    def keep_for(self, layer):
+        return set().union(*(m.keep_for(layer) for m in self.members))
+
     def forget(self, rid):
         for m in self.members:
             m.forget(rid)
@@ -438,6 +436,7 @@ class ExpertPrefetcher:
                 # 2 of 8 slots, loads went up 37% and misses down 10% without this)
                 protect = self._wanted.setdefault(layer, set())
                 protect.update(ranked)
+                protect.update(self.predictor.keep_for(layer))
                 fetched = self.store.prefetch_experts(layer, ranked[: self.store.num_slots],
                                                       protect)
                 self.stats.fetched(layer, fetched)
@@ -485,7 +484,7 @@ class ExpertPrefetcher:
 
 
 def build_predictor(name: str, views: Dict[int, RouterView], embed: torch.nn.Embedding,
-                    width: int, num_slots: int) -> ExpertPredictor:
+                    width: int, num_slots: int, keep_width: int = 1) -> ExpertPredictor:
     if name not in PREDICTORS:
         raise ValueError(f"--moe-prefetch-predictor must be one of {PREDICTORS}, got {name!r}")
     if name == "reuse":
@@ -493,8 +492,9 @@ def build_predictor(name: str, views: Dict[int, RouterView], embed: torch.nn.Emb
     if name == "layer_ahead":
         return LayerAheadPredictor(views, width)
     if name == "draft":
-        return DraftPredictor(views, embed, width)
+        return DraftPredictor(views, embed, width, keep_width)
     if name == "ensemble":
-        return EnsemblePredictor([DraftPredictor(views, embed, width), LayerAheadPredictor(views, width),
+        return EnsemblePredictor([DraftPredictor(views, embed, width, keep_width),
+                                  LayerAheadPredictor(views, width),
                                   ReusePredictor(width)], num_slots)
     return ExpertPredictor()
