@@ -3,6 +3,7 @@ accounting returns to baseline, and no expert is evicted while a layer uses it."
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 
@@ -199,4 +200,39 @@ def test_prefetch_never_evicts_protected_experts(tiny_moe_dir) -> None:
     store.wait_loads()
     assert store.resident(layer) == [0, 2]
     assert_baseline(store)
+    store.close()
+
+
+def test_reads_around_the_page_cache_place_each_expert_exactly(tiny_moe_dir) -> None:
+    """With the page cache dropped, experts are read with O_DIRECT (an aligned span, then a
+    memmove of the tensor's bytes) where the file system allows: every expert of every layer
+    lands byte for byte as the checkpoint holds it, and the buffered path agrees."""
+    from safetensors import safe_open
+
+    from sglang.srt.layers.moe.expert_source import SafetensorsExpertSource
+
+    folder = tiny_moe_dir("mixtral")
+    runner = runner_with_slots(folder, slots=2, drop_page_cache=True)
+    store = runner.model.expert_store
+    source = store.source
+    assert isinstance(source, SafetensorsExpertSource)
+    buffered = SafetensorsExpertSource(folder, source.keys, drop_page_cache=False)
+    layer = store.layers()[0]
+    w13, w2 = (t[0].clone() for t in store.weights(layer))
+    with safe_open(f"{folder}/model.safetensors", framework="pt") as f:
+        for (lay, e), (gate, up, down) in sorted(source.keys.items()):
+            for src in (source, buffered):
+                w13.zero_(), w2.zero_()
+                nbytes = src.read_into(lay, e, w13, w2)
+                inter = w13.shape[0] // 2
+                assert torch.equal(w13[:inter], f.get_tensor(gate))
+                assert torch.equal(w13[inter:], f.get_tensor(up))
+                assert torch.equal(w2, f.get_tensor(down))
+                assert nbytes == (w13.numel() + w2.numel()) * w13.element_size()
+    try:  # where this file system takes O_DIRECT, the source used it
+        os.close(os.open(f"{folder}/model.safetensors", os.O_RDONLY | os.O_DIRECT))
+        assert source._direct_fds is not None
+    except OSError:
+        pass
+    buffered.close()
     store.close()

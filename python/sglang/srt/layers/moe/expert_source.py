@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import struct
+import threading
 from typing import Dict, List, Optional, Protocol, Tuple
 
 import torch
@@ -93,6 +95,19 @@ class SafetensorsExpertSource:
         if missing:
             raise KeyError(f"checkpoint in {folder} lacks expert tensors, e.g. {missing[:3]}")
         self._libc = ctypes.CDLL(None, use_errno=True) if drop_page_cache else None
+        # With the page cache out of the picture, reads go around it (O_DIRECT): the disk
+        # writes into an aligned buffer and one memmove places the tensor. A buffered read
+        # costs the CPU 0.30 ms per MB here (page allocation, copy, then the drop) against
+        # 0.07 ms + the memmove: on 2 cores the loads of a prefetch slowed the draft's
+        # forwards by ~100 ms a step. None where the file system refuses O_DIRECT.
+        self._direct_fds: Optional[List[int]] = None
+        self._bounce = threading.local()  # per loader thread: an aligned read buffer
+        if drop_page_cache and hasattr(os, "O_DIRECT"):
+            try:
+                self._direct_fds = [os.open(p, os.O_RDONLY | os.O_DIRECT)
+                                    for p in safetensors_files(folder)]
+            except OSError:
+                self._direct_fds = None
         if drop_page_cache:
             # No readahead on the mappings: it would pull neighbouring experts into the page
             # cache, and their next loads would not be disk reads. Loads ask for exactly
@@ -134,6 +149,8 @@ class SafetensorsExpertSource:
         if (dst.device.type != "cpu" or not dst.is_contiguous() or end - start != nbytes
                 or self._dtypes.get(name) != (dst.dtype, tuple(dst.shape))):
             return False
+        if self._direct_fds is not None and self._read_direct(file_idx, start, end, dst):
+            return True
         buf = (ctypes.c_char * nbytes).from_address(dst.data_ptr())
         fd, done = self._fds[file_idx], 0
         view = memoryview(buf).cast("B")
@@ -144,6 +161,37 @@ class SafetensorsExpertSource:
             done += n
         if self.drop_page_cache:
             os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        return True
+
+    def _read_direct(self, file_idx: int, start: int, end: int, dst: torch.Tensor) -> bool:
+        """Bytes [start, end) of the file into `dst` through O_DIRECT: the enclosing
+        page-aligned span into this thread's page-aligned buffer, then a memmove. False (and
+        buffered reads from then on) where the file system refuses it."""
+        lo = start - start % _PAGE
+        span = end - lo + (-(end - lo)) % _PAGE
+        buf = getattr(self._bounce, "buf", None)
+        if buf is None or len(buf) < span:
+            if buf is not None:
+                buf.close()
+            buf = mmap.mmap(-1, span)  # anonymous mappings are page-aligned
+            self._bounce.buf = buf
+        view = memoryview(buf)[:span]
+        fd, done = self._direct_fds[file_idx], 0
+        try:
+            while lo + done < end:
+                n = os.preadv(fd, [view[done:]], lo + done)
+                if n <= 0:  # the file ends inside the last page: done short of `span`
+                    break
+                done += n
+        except OSError:
+            self._direct_fds = None  # e.g. EINVAL: this file system takes no O_DIRECT
+            return False
+        finally:
+            view.release()
+        if lo + done < end:
+            raise OSError("short read of an expert from the checkpoint")
+        base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        ctypes.memmove(dst.data_ptr(), base + (start - lo), end - start)
         return True
 
     def _drop(self, name: str, mapped: torch.Tensor) -> None:
@@ -160,9 +208,9 @@ class SafetensorsExpertSource:
         self._libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), advice)
 
     def close(self) -> None:
-        for fd in self._fds:
+        for fd in self._fds + (self._direct_fds or []):
             os.close(fd)
-        self._fds, self._handles = [], []
+        self._fds, self._handles, self._direct_fds = [], [], None
 
 
 class PinnedHostExpertSource:
