@@ -12,6 +12,7 @@ from sglang.srt.layers.moe.prefetch import (PREDICTORS, DraftPredictor, Ensemble
                                             ExpertPredictor,
                                             PrefetchStats, ReusePredictor, RouterView,
                                             StepContext, route_rank)
+from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.route_predict import RouterStack
 from sglang.srt.layers.moe.router import Router, RouterConfig
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
@@ -66,8 +67,9 @@ def test_route_rank_covers_the_routers_choice() -> None:
     assert chosen < set(wider) and len(wider) <= 8
 
 
-@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
-def test_router_stack_routes_every_layer_as_each_router_would(scoring) -> None:
+@pytest.mark.parametrize("scoring,norm_kind", [("softmax", "rms"), ("sigmoid", "rms"),
+                                               ("softmax", "layer")])
+def test_router_stack_routes_every_layer_as_each_router_would(scoring, norm_kind) -> None:
     """One batched pass over all layers names, per layer, what each router alone would
     (fetch: some row's top-k, most mass first), and keeps from eviction exactly the union
     of each row's top-(k + keep_extra). A layer with another expert count goes alone."""
@@ -80,11 +82,14 @@ def test_router_stack_routes_every_layer_as_each_router_would(scoring) -> None:
         gate.weight.data.normal_()
         if gate.e_score_correction_bias is not None:
             gate.e_score_correction_bias.data.normal_()  # negative scores are still chosen
-        norm = torch.nn.LayerNorm(hidden)  # any norm: each layer applies its own
+        # RMSNorms run batched; any other norm (LayerNorm here) layer by layer
+        norm = RMSNorm(hidden, eps=1e-6) if norm_kind == "rms" else torch.nn.LayerNorm(hidden)
+        with torch.no_grad():
+            norm.weight.normal_()
         views[layer] = RouterView(layer, norm, gate, top_k=2)
         xs[layer] = torch.randn(5, hidden)
     stack = RouterStack(views)
-    assert stack.single == [5]
+    assert stack.single == [5] and (stack._rms is not None) == (norm_kind == "rms")
     fetch, keep = stack.rank(xs, extra=0, keep_extra=1)
     for layer, view in views.items():
         with torch.no_grad():

@@ -232,8 +232,10 @@ class DraftPredictor(ExpertPredictor):
         # With a draft sharing the target's residual stream (use_draft_hidden): target MoE
         # layer -> draft layer, and this step's draft residuals per request and token.
         self.layer_map: Dict[int, int] = {}
-        self.drafted: Dict[str, Dict[int, Dict[int, torch.Tensor]]] = {}
-        self.latest: Dict[str, tuple] = {}  # rid -> (token, {draft layer: residual [H]})
+        # rid -> token -> residual per target layer [L, H] (rows of `hidden_layers`)
+        self.drafted: Dict[str, Dict[int, torch.Tensor]] = {}
+        self.latest: Dict[str, tuple] = {}  # rid -> (token, [L, H]) of its latest drafted row
+        self.hidden_layers: List[int] = []  # the target layers the draft's residuals cover
 
     def use_draft_hidden(self, hidden_size: int, num_layers: int) -> bool:
         """A draft of the target's width reads, at each layer, a residual stream the
@@ -267,12 +269,22 @@ class DraftPredictor(ExpertPredictor):
         from the matching draft layer's residual, and keep them for before_verify."""
         if not self.layer_map or not hidden:
             return {}
+        layers = [layer for layer in sorted(self.views) if self.layer_map[layer] in hidden]
+        if self.drafted and layers != self.hidden_layers:
+            self.drafted, self.latest = {}, {}  # another cover: rows must stack alike
+        self.hidden_layers = layers
+        stack = torch.stack([hidden[self.layer_map[layer]] for layer in layers])  # [L, n, H]
         for row, (rid, token) in enumerate(zip(rids, tokens)):
-            res = {layer: h[row] for layer, h in hidden.items()}
+            res = stack[:, row]
             self.drafted.setdefault(rid, {})[token] = res
             self.latest[rid] = (token, res)
-        return self._rank({layer: hidden[self.layer_map[layer]] for layer in self.views
-                           if self.layer_map[layer] in hidden})
+        return self._rank_stacked(layers, stack)
+
+    def _rank_stacked(self, layers: List[int], stack: torch.Tensor) -> Dict[int, List[int]]:
+        fetch, keep = self.routers.rank_stacked(layers, stack, self.width, self.keep_width)
+        for layer, experts in keep.items():
+            self.keep.setdefault(layer, set()).update(experts)
+        return fetch
 
     def _rank(self, residuals: Dict[int, torch.Tensor]) -> Dict[int, List[int]]:
         """Route rows per layer; remember what to keep from eviction until the layer runs."""
@@ -328,27 +340,25 @@ class DraftPredictor(ExpertPredictor):
         """Every row of the pass from the draft's residuals: a token the draft computed as
         it is, one it did not (the last level) from the request's latest draft residual with
         the embeddings swapped (the estimate of _route, one token back instead of a step)."""
-        rows = {layer: [] for layer in self.views}
+        layers = self.hidden_layers
         emb = self.embed.weight
+        rows: List[torch.Tensor] = []  # each [L, H]
         with torch.no_grad():
+            dtype = next(iter(self.latest.values()))[1].dtype
             for rid, toks in zip(ctx.rids, ctx.tokens):
                 seen = self.drafted.get(rid, {})
                 latest = self.latest.get(rid)
                 for tok in toks:
                     res = seen.get(tok)
-                    for layer in self.views:
-                        d = self.layer_map[layer]
-                        if res is not None and d in res:
-                            rows[layer].append(res[d])
-                        elif latest is not None and d in latest[1]:
-                            base = latest[1][d]
-                            rows[layer].append(base - emb[latest[0]].to(base.dtype)
-                                               + emb[tok].to(base.dtype))
-                        else:  # nothing drafted for this request: the embedding alone
-                            rows[layer].append(emb[tok])
-            return self._rank({layer: torch.stack([r.to(rows[layer][0].dtype)
-                                                   for r in rows[layer]])
-                               for layer in self.views if rows[layer]})
+                    if res is not None:
+                        rows.append(res)
+                    elif latest is not None:  # one token back, embeddings swapped
+                        rows.append(latest[1] - emb[latest[0]].to(dtype) + emb[tok].to(dtype))
+                    else:  # nothing drafted for this request: the embedding alone
+                        rows.append(emb[tok].to(dtype).expand(len(layers), -1))
+            if not rows:
+                return {}
+            return self._rank_stacked(layers, torch.stack(rows, dim=1))
 
     def on_moe_input(self, layer, normed, residual, ctx) -> Dict[int, List[int]]:
         if self._rows and layer in self.views and residual.shape[0] == self._num_rows:

@@ -15,9 +15,11 @@ ones per layer (SmolLM2 has 30 MoE layers, and the draft asks after each of its 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import torch
+
+from sglang.srt.layers.layernorm import RMSNorm
 
 
 @dataclasses.dataclass
@@ -77,6 +79,14 @@ class RouterStack:
 
         self.stacked = [layer for layer in sorted(views) if same(views[layer])]
         self.single = [layer for layer in sorted(views) if layer not in self.stacked]
+        self._index = {layer: i for i, layer in enumerate(self.stacked)}
+        norms = [views[layer].norm for layer in self.stacked]
+        # (weights [L, 1, H], eps) when every stacked norm is an RMSNorm with one eps
+        self._rms: Optional[Tuple[torch.Tensor, float]] = None
+        if norms and all(isinstance(m, RMSNorm) for m in norms) and \
+                len({m.variance_epsilon for m in norms}) == 1:
+            self._rms = (torch.stack([m.weight.detach() for m in norms])[:, None, :],
+                         norms[0].variance_epsilon)
         self._weights: Dict[torch.dtype, torch.Tensor] = {}  # dtype -> [L, E, H]
         biases = [getattr(views[layer].gate, "e_score_correction_bias", None)
                   for layer in self.stacked]
@@ -91,42 +101,67 @@ class RouterStack:
             self._weights[dtype] = w
         return w
 
+    def _normed(self, layers: List[int], pick: Optional[torch.Tensor],
+                x: torch.Tensor) -> torch.Tensor:
+        """Each layer's pre-MoE norm of x [L, n, H]: RMSNorms (every model here) in four
+        batched ops, any other norm layer by layer."""
+        if self._rms is None:
+            return torch.stack([self.views[layer].norm(x[i]) for i, layer in enumerate(layers)])
+        weight, eps = self._rms
+        if pick is not None:
+            weight = weight.index_select(0, pick)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * xf.to(x.dtype)  # as RMSNorm: the weight times the input-dtype rows
+
     def rank(self, residuals: Dict[int, torch.Tensor], extra: int,
              keep_extra: int) -> Tuple[Dict[int, List[int]], Dict[int, Set[int]]]:
         """`residuals`: layer -> [n, H] rows (the same n for every layer). Returns
         (fetch: layer -> experts in some row's top-(k+extra), most mass first;
          keep: layer -> experts in some row's top-(k+extra+keep_extra))."""
+        layers = [layer for layer in sorted(residuals) if layer in self.views]
+        if not layers:
+            return {}, {}
+        return self.rank_stacked(layers, torch.stack([residuals[x] for x in layers]), extra,
+                                 keep_extra)
+
+    def rank_stacked(self, layers: List[int], x: torch.Tensor, extra: int,
+                     keep_extra: int) -> Tuple[Dict[int, List[int]], Dict[int, Set[int]]]:
+        """`rank` of rows already stacked: x [len(layers), n, H], row i of `layers`."""
         fetch: Dict[int, List[int]] = {}
         keep: Dict[int, Set[int]] = {}
-        layers = [layer for layer in self.stacked if layer in residuals]
+        position = {layer: i for i, layer in enumerate(layers)}
+        stacked = [layer for layer in self.stacked if layer in position]
         with torch.no_grad():
-            for layer in [x for x in self.single if x in residuals]:
-                view = self.views[layer]
-                fetch[layer] = route_rank(view, residuals[layer], extra)
-                keep[layer] = set(route_rank(view, residuals[layer], extra + keep_extra))
-            if not layers:
+            for layer in [y for y in self.single if y in position]:
+                view, rows = self.views[layer], x[position[layer]]
+                fetch[layer] = route_rank(view, rows, extra)
+                keep[layer] = set(route_rank(view, rows, extra + keep_extra))
+            if not stacked:
                 return fetch, keep
-            normed = torch.stack([self.views[layer].norm(residuals[layer]) for layer in layers])
+            if stacked != layers:
+                x = x.index_select(0, torch.tensor([position[y] for y in stacked]))
+            pick = None
+            if len(stacked) != len(self.stacked):
+                pick = torch.tensor([self._index[y] for y in stacked])
+            normed = self._normed(stacked, pick, x)
             weight = self._weight(normed.dtype)
-            if len(layers) != len(self.stacked):
-                pick = torch.tensor([self.stacked.index(x) for x in layers])
+            if pick is not None:
                 weight = weight.index_select(0, pick)
             logits = torch.bmm(normed, weight.transpose(1, 2))  # [L, n, E]
-            gate = self.views[layers[0]].gate
-            bias = None
-            if self._bias is not None:
-                bias = self._bias if len(layers) == len(self.stacked) else self._bias[pick]
-            scores = _scores(logits, gate, bias)
+            bias = self._bias if self._bias is None or pick is None else self._bias[pick]
+            scores = _scores(logits, self.views[stacked[0]].gate, bias)
             num_experts = scores.shape[-1]
-            k = min(self.views[layers[0]].top_k + extra, num_experts)
+            k = min(self.views[stacked[0]].top_k + extra, num_experts)
             wide = min(k + keep_extra, num_experts)
             top = scores.topk(wide, dim=-1)  # sorted: the first k are the fetch top-k
             idx, val = top.indices, top.values
-            ranked = _ranked(idx[..., :k].reshape(len(layers), -1),
-                             val[..., :k].reshape(len(layers), -1), num_experts)
-            kept = torch.zeros(len(layers), num_experts, dtype=torch.bool).scatter_(
-                1, idx.reshape(len(layers), -1), True).tolist()
-        for i, layer in enumerate(layers):
+            n = len(stacked)
+            ranked = _ranked(idx[..., :k].reshape(n, -1), val[..., :k].reshape(n, -1),
+                             num_experts)
+            kept = torch.zeros(n, num_experts, dtype=torch.bool).scatter_(
+                1, idx.reshape(n, -1), True).tolist()
+        for i, layer in enumerate(stacked):
             fetch[layer] = ranked[i]
             keep[layer] = {e for e, on in enumerate(kept[i]) if on}
         return fetch, keep
