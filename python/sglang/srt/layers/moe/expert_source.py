@@ -183,8 +183,10 @@ class SafetensorsExpertSource:
                 if n <= 0:  # the file ends inside the last page: done short of `span`
                     break
                 done += n
-        except OSError:
-            self._direct_fds = None  # e.g. EINVAL: this file system takes no O_DIRECT
+        except OSError:  # e.g. EINVAL: this file system takes no O_DIRECT
+            fds, self._direct_fds = self._direct_fds, None
+            for d in fds or []:
+                os.close(d)
             return False
         finally:
             view.release()

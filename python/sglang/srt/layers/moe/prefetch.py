@@ -281,17 +281,16 @@ class DraftPredictor(ExpertPredictor):
         return self._rank_stacked(layers, stack)
 
     def _rank_stacked(self, layers: List[int], stack: torch.Tensor) -> Dict[int, List[int]]:
+        """Route rows [L, n, H] of `layers`; remember what to keep from eviction until each
+        layer runs."""
         fetch, keep = self.routers.rank_stacked(layers, stack, self.width, self.keep_width)
         for layer, experts in keep.items():
             self.keep.setdefault(layer, set()).update(experts)
         return fetch
 
     def _rank(self, residuals: Dict[int, torch.Tensor]) -> Dict[int, List[int]]:
-        """Route rows per layer; remember what to keep from eviction until the layer runs."""
-        fetch, keep = self.routers.rank(residuals, self.width, self.keep_width)
-        for layer, experts in keep.items():
-            self.keep.setdefault(layer, set()).update(experts)
-        return fetch
+        layers = sorted(residuals)
+        return self._rank_stacked(layers, torch.stack([residuals[x] for x in layers]))
 
     def keep_for(self, layer: int) -> Set[int]:
         return self.keep.get(layer, set())
