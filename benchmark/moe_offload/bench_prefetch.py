@@ -6,6 +6,9 @@ legal-text prompt):
   plain              plain decoding, on-demand expert loads (the baseline)
   spec               speculative decoding (STANDALONE, chain of --steps), on-demand loads
   spec+<predictor>   the same with --moe-prefetch-predictor reuse|layer_ahead|draft|ensemble
+                     on every step (--moe-prefetch-disable-gate: the predictor's own figures)
+  spec+<p>+gate      the server default: the gate times steps with and without prefetch and
+                     keeps the faster (--gate-predictors; layers/moe/prefetch_gate.py)
 Reported per setting: decode tokens/s, mean verify-pass time (the target forward of a
 speculative step), the store's hit rate / stall time / bytes, and the prefetcher's recall,
 precision and over-fetch, per layer in the JSON. All settings must emit the same tokens.
@@ -42,7 +45,8 @@ def draft_for(model: str) -> str:
 
 
 def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, slots: int,
-                predictor: str, steps: int, dtype: str, keep_width: int = 1) -> Dict[str, Any]:
+                predictor: str, steps: int, dtype: str, keep_width: int = 1,
+                gate: bool = False) -> Dict[str, Any]:
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -51,7 +55,8 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
     kw: Dict[str, Any] = dict(model_path=path, dtype=dtype, max_total_tokens=4096,
                               moe_expert_cache_slots=slots, moe_expert_drop_page_cache=True,
                               moe_prefetch_predictor=predictor, moe_prefetch_width=0,
-                              moe_prefetch_keep_width=keep_width)
+                              moe_prefetch_keep_width=keep_width,
+                              moe_prefetch_disable_gate=not gate)
     if draft is not None:
         kw.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
                   speculative_num_steps=steps, speculative_eagle_topk=1,
@@ -103,7 +108,11 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
         tot = figs["total"]
         out.update(recall=tot["recall"], precision=tot["precision"], overfetch=tot["overfetch"],
                    bytes_fetched=tot["bytes_fetched"], bytes_fetched_used=tot["bytes_fetched_used"],
-                   per_layer=figs["layers"])
+                   predicted_recall=tot["predicted_recall"],
+                   predicted_overfetch=tot["predicted_overfetch"],
+                   recall_ceiling=tot["recall_ceiling"], per_layer=figs["layers"])
+        if "gate" in figs:
+            out["gate"] = figs["gate"]
     sched.abort("", "benchmark done")
     store.close()
     return out
@@ -121,6 +130,8 @@ def main() -> None:
     ap.add_argument("--keep-widths", default="1",
                     help="--moe-prefetch-keep-width values to run draft/ensemble with "
                          "(0: protect only the fetched experts)")
+    ap.add_argument("--gate-predictors", default="draft",
+                    help="predictors also run with the prefetch gate on (the server default)")
     ap.add_argument("--tag", default="", help="suffix of the results' file name")
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds over all settings of a fraction, one after another; each "
@@ -147,26 +158,32 @@ def main() -> None:
     predictors = [p for p in args.predictors.split(",") if p]
     for frac in (float(f) for f in args.fractions.split(",")):
         slots = max(cfg.get("num_experts_per_tok", 2), round(num_experts * frac))
-        settings = [("plain", None, "none", 1), ("spec", draft, "none", 1)]
+        settings = [("plain", None, "none", 1, False), ("spec", draft, "none", 1, False)]
         for p in predictors:
             widths = ([int(w) for w in args.keep_widths.split(",")]
                       if p in ("draft", "ensemble") else [1])
-            settings += [(f"spec+{p}" + ("" if w == 1 else f"/keep{w}"), draft, p, w)
+            settings += [(f"spec+{p}" + ("" if w == 1 else f"/keep{w}"), draft, p, w, False)
                          for w in widths]
+        settings += [(f"spec+{p}+gate", draft, p, 1, True)
+                     for p in args.gate_predictors.split(",") if p]
         runs: Dict[str, List[Dict[str, Any]]] = {}
         for _ in range(args.repeats):
-            for name, d, pred, keep in settings:
+            for name, d, pred, keep, gate in settings:
                 key = f"{int(frac * 100)}% {name}"
                 runs.setdefault(key, []).append(run_setting(
-                    path, d, prompt, args.new_tokens, slots, pred, args.steps, args.dtype, keep))
+                    path, d, prompt, args.new_tokens, slots, pred, args.steps, args.dtype, keep,
+                    gate))
         for key, rs in runs.items():
             r = sorted(rs, key=lambda x: x["tok_s"])[len(rs) // 2]
             r["slots"] = slots
             r["rounds_tok_s"] = [x["tok_s"] for x in rs]
             r["rounds_verify_s"] = [x["mean_verify_s"] for x in rs]
             results[key] = r
-            fig = (f" recall {r['recall']:.2f} precision {r['precision'] or 0:.2f}"
-                   if "recall" in r else "")
+            fig = (f" recall {r['recall']:.2f} (ceiling {r['recall_ceiling']:.2f}, predicted "
+                   f"{r['predicted_recall']:.2f} at {r['predicted_overfetch'] or 0:.2f}x) "
+                   f"precision {r['precision'] or 0:.2f}" if "recall" in r else "")
+            if "gate" in r:
+                fig += f" gate on/off steps {r['gate']['steps_on']}/{r['gate']['steps_off']}"
             verify = (f" verify {r['mean_verify_s'] * 1e3:.0f} ms, rest of step "
                       f"{r['mean_outside_target_s'] * 1e3:.0f} ms" if r["mean_verify_s"] else "")
             print(f"{key:28s} {r['tok_s']:6.2f} tok/s{verify} hit {r['hit_rate']:.2f} "
@@ -187,12 +204,28 @@ def main() -> None:
                     ratios[k]["verify_speedup_vs_on_demand"] = spec["mean_verify_s"] / v["mean_verify_s"]
     for k, v in ratios.items():
         print(f"{k:28s} " + "  ".join(f"{a} {b:.2f}x" for a, b in v.items()))
+    bounds = {}
+    for frac in (float(f) for f in args.fractions.split(",")):
+        # What overlap could win at most, from the on-demand run's own parts (a model, not a
+        # measurement): per verify, V ms of which Y stalled on loads, and Z ms of draft work
+        # before it. Perfect prefetch of the same bytes hides loads behind the draft and the
+        # verify's compute: verify >= max(V - Y, Y - Z).
+        spec = results[f"{int(frac * 100)}% spec"]
+        if spec.get("mean_verify_s") and spec["target_passes"]:
+            v, z = spec["mean_verify_s"], spec["mean_outside_target_s"]
+            y = min(v, spec["stall_s"] / spec["target_passes"])
+            bound = v / max(v - y, y - z, 1e-9)
+            bounds[f"{int(frac * 100)}%"] = {"verify_s": v, "stall_s": y, "draft_window_s": z,
+                                             "verify_speedup_bound": bound}
+            print(f"{int(frac * 100)}% on-demand verify {v * 1e3:.0f} ms (stalled {y * 1e3:.0f}), "
+                  f"draft {z * 1e3:.0f} ms: perfect overlap of the same bytes bounds the "
+                  f"verify speedup at {bound:.2f}x")
     print("same tokens in every setting:", all(same.values()))
     payload = {"command": " ".join(sys.argv), "model": args.model, "draft": os.path.basename(draft),
                "experts_per_layer": num_experts,
                "prompt_tokens": len(prompt), "new_tokens": args.new_tokens, "steps": args.steps,
                "dtype": args.dtype, "machine": machine_info(), "same_tokens": same,
-               "ratios": ratios, "results": results}
+               "ratios": ratios, "overlap_bounds": bounds, "results": results}
     out = save(f"moe_prefetch_{args.model}{args.tag}", payload)
     keys = list(results)
     plot_bars(out[:-5] + ".png", f"Expert prefetch, {args.model} (tokens/s, batch 1)", keys,

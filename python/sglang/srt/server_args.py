@@ -100,6 +100,9 @@ class ServerArgs:
     # `draft` keeps every expert in some token's top-(k + width + keep_width) from being
     # evicted by a prefetch: a load then takes only a slot the pass will all but surely not use.
     moe_prefetch_keep_width: int = 1
+    # Prefetch is A/B-timed online against on-demand loads per batch shape and kept only
+    # where its steps are faster (layers/moe/prefetch_gate.py); this runs it on every step.
+    moe_prefetch_disable_gate: bool = False
     tp_size: int = 1
     num_threads: Optional[int] = None
 

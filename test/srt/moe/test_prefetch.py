@@ -42,6 +42,29 @@ def test_stats_on_a_scripted_trace() -> None:
     assert stats.to_dict()["layers"]["1"]["fetched"] == 1
 
 
+def test_stats_split_recall_into_the_predictor_and_the_fast_tier() -> None:
+    """predicted_recall counts what the predictors named (loaded or already resident);
+    recall_ceiling what `num_slots` slots could hold of each use; a skipped use (gate off)
+    scores nothing and drops what was named for it."""
+    stats = PrefetchStats(expert_bytes=1, num_slots=2)
+    stats.predicted(0, [1, 2])
+    stats.predicted(0, [2, 5])  # named twice: counted once
+    stats.fetched(0, [5])
+    stats.used(0, needed=[1, 2, 3], resident=[1, 2])
+    fig = stats.to_dict()["layers"]["0"]
+    assert (fig["predicted"], fig["predicted_used"], fig["reachable"]) == (3, 2, 2)
+    assert fig["predicted_recall"] == pytest.approx(2 / 3)
+    assert fig["predicted_overfetch"] == pytest.approx(3 / 2)
+    assert fig["recall_ceiling"] == pytest.approx(2 / 3) and fig["recall"] == pytest.approx(2 / 3)
+    stats.predicted(0, [4])
+    stats.fetched(0, [4])
+    stats.skip(0)
+    stats.used(0, needed=[4], resident=[4])
+    fig = stats.to_dict()["layers"]["0"]
+    assert (fig["uses"], fig["predicted"], fig["fetched"]) == (2, 3, 1)
+    assert fig["recall_ceiling"] == pytest.approx(3 / 4)
+
+
 def test_reuse_predicts_last_routing_then_history() -> None:
     p = ReusePredictor(width=1)
     ctx = StepContext(["a"], [[1]], [False])
@@ -268,7 +291,8 @@ def test_draft_residuals_predict_the_verify_better_than_the_estimate(tiny_moe_di
     for mode in ("hidden", "estimate"):
         sched = make_scheduler(folder, moe_expert_cache_slots=4, moe_prefetch_predictor="draft",
                                moe_prefetch_width=0, speculative_algorithm="STANDALONE",
-                               speculative_draft_model_path=folder, speculative_num_steps=3)
+                               speculative_draft_model_path=folder, speculative_num_steps=3,
+                               moe_prefetch_disable_gate=True)  # every verify predicted
         drafter, pred = sched.spec.kv_drafter, sched.prefetcher.predictor
         assert drafter.on_hidden is not None  # same width: wired by the scheduler
         if mode == "estimate":

@@ -85,6 +85,10 @@ class Scheduler:
                 cfg = drafter.runner.config
                 if self.prefetcher.use_draft_hidden(cfg.hidden_size, cfg.num_hidden_layers):
                     drafter.on_hidden = self.prefetcher.on_draft_hidden
+        if self.prefetcher is not None and not server_args.moe_prefetch_disable_gate:
+            from sglang.srt.layers.moe.prefetch_gate import PrefetchGate
+
+            self.prefetcher.gate = PrefetchGate()
         self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
                                 if tokenizer is not None else None)
         if self.spec is not None:
@@ -188,8 +192,10 @@ class Scheduler:
                 time.sleep(0.002)  # only grammars compiling: do not spin
             return rejected
         prefetcher = self.prefetcher
+        decode_only = bool(plan.reqs) and all(n == 1 for n in plan.num_tokens)
+        t0 = time.perf_counter()
         if prefetcher is not None and plan.reqs:  # loads run while the draft proposes
-            prefetcher.begin_step(self._step_context(plan))
+            prefetcher.begin_step(self._step_context(plan), decode_only)
         if self.spec is not None:
             plan.trees = self.spec.propose([r for r, n in zip(plan.reqs, plan.num_tokens) if n == 1])
             plan.num_tokens = [len(plan.trees[id(r)]) if id(r) in plan.trees else n
@@ -210,6 +216,10 @@ class Scheduler:
                                          and r.kv_len == r.fill_len - 1], self.running,
                                         sum(n for _, n in prefill))
             self.spec.end_step(len(plan.reqs), bool(prefill))
+        if prefetcher is not None and decode_only and (self.spec is None or self.spec.step_typical):
+            # the gate's sample: the whole step, the draft and the predictors' work included
+            prefetcher.end_step(len(plan.reqs), self.spec.step_budget if self.spec else 1,
+                                time.perf_counter() - t0)
         finished = [r for r in self.running if r.finished]
         for req in finished:
             self._release(req)

@@ -24,7 +24,10 @@ numerics do not depend on residency (see experts.py).
 Figures (per layer, `PrefetchStats`): recall = needed experts resident when the layer ran /
 needed; precision = prefetched experts the layer then used / prefetched; over-fetch =
 prefetched / prefetched-and-used; bytes fetched vs used. The store adds hits, loads and
-stall time (`ExpertStore.stats`).
+stall time (`ExpertStore.stats`). Recall mixes two limits, so two more figures split it:
+the predictor's own (`predicted_recall`: needed experts it named, loaded in time or not;
+`predicted_overfetch`: named / named-and-used) and the fast tier's (`recall_ceiling`: at
+most `num_slots` of a pass's experts can be resident when its layer starts).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from sglang.srt.layers.moe.route_predict import RouterStack, RouterView, route_r
 
 if TYPE_CHECKING:
     from sglang.srt.layers.moe.expert_store import ExpertStore
+    from sglang.srt.layers.moe.prefetch_gate import PrefetchGate
 
 PREDICTORS = ("none", "reuse", "layer_ahead", "draft", "ensemble")
 
@@ -62,6 +66,9 @@ class LayerFigures:
     in_time: int = 0  # of those, resident when the layer ran
     fetched: int = 0  # experts the prefetcher had loaded for this layer since its last use
     fetched_used: int = 0  # of those, routed to by the use that followed
+    predicted: int = 0  # experts the predictors named for the use (resident already or not)
+    predicted_used: int = 0  # of those, routed to by the use
+    reachable: int = 0  # min(needed, slots): what a perfect prefetch could have made resident
 
     def add(self, other: "LayerFigures") -> None:
         for f in dataclasses.fields(self):
@@ -73,29 +80,48 @@ class LayerFigures:
                 "precision": self.fetched_used / self.fetched if self.fetched else None,
                 "overfetch": self.fetched / self.fetched_used if self.fetched_used else None,
                 "bytes_fetched": self.fetched * expert_bytes,
-                "bytes_fetched_used": self.fetched_used * expert_bytes}
+                "bytes_fetched_used": self.fetched_used * expert_bytes,
+                "predicted_recall": self.predicted_used / self.needed if self.needed else 1.0,
+                "predicted_overfetch": (self.predicted / self.predicted_used
+                                        if self.predicted_used else None),
+                "recall_ceiling": self.reachable / self.needed if self.needed else 1.0}
 
 
 class PrefetchStats:
     """Recall / precision bookkeeping; pure, so it is tested on scripted routing traces."""
 
-    def __init__(self, expert_bytes: int = 0) -> None:
+    def __init__(self, expert_bytes: int = 0, num_slots: Optional[int] = None) -> None:
         self.expert_bytes = expert_bytes
+        self.num_slots = num_slots  # of each layer's fast tier (None: unbounded)
         self.layers: Dict[int, LayerFigures] = {}
         self._pending: Dict[int, set] = {}  # layer -> prefetched since its last use
+        self._named: Dict[int, set] = {}  # layer -> predicted since its last use
 
     def fetched(self, layer: int, experts: Iterable[int]) -> None:
         self._pending.setdefault(layer, set()).update(int(e) for e in experts)
 
+    def predicted(self, layer: int, experts: Iterable[int]) -> None:
+        self._named.setdefault(layer, set()).update(int(e) for e in experts)
+
     def used(self, layer: int, needed: Iterable[int], resident: Iterable[int]) -> None:
         needed = {int(e) for e in needed}
         fetched = self._pending.pop(layer, set())
+        named = self._named.pop(layer, set())
         fig = self.layers.setdefault(layer, LayerFigures())
         fig.uses += 1
         fig.needed += len(needed)
         fig.in_time += len(needed & {int(e) for e in resident})
         fig.fetched += len(fetched)
         fig.fetched_used += len(fetched & needed)
+        fig.predicted += len(named)
+        fig.predicted_used += len(named & needed)
+        fig.reachable += len(needed) if self.num_slots is None else min(len(needed),
+                                                                         self.num_slots)
+
+    def skip(self, layer: int) -> None:
+        """The layer ran without prefetch (the gate had it off): nothing to score."""
+        self._pending.pop(layer, None)
+        self._named.pop(layer, None)
 
     def total(self) -> LayerFigures:
         out = LayerFigures()
@@ -111,6 +137,7 @@ class PrefetchStats:
     def reset(self) -> None:
         self.layers.clear()
         self._pending.clear()
+        self._named.clear()
 
 
 # ---------------------------------------------------------------------------- predictors
@@ -430,8 +457,13 @@ class ExpertPrefetcher:
 
     def __init__(self, store: "ExpertStore", predictor: ExpertPredictor, expert_bytes: int) -> None:
         self.store, self.predictor = store, predictor
-        self.stats = PrefetchStats(expert_bytes)
+        self.stats = PrefetchStats(expert_bytes, store.num_slots)
         self.ctx: Optional[StepContext] = None
+        # The scheduler's online A/B (prefetch_gate.py; None: always on). `active` is its
+        # choice for the step under way: off, no predictor hook runs and nothing loads
+        # early, only the predictors' own bookkeeping of what was routed.
+        self.gate: Optional["PrefetchGate"] = None
+        self.active = True
         # layer -> every expert predicted for its next use (all hooks of this step): a later
         # prediction must not evict an earlier one, or the layer pays a reload
         self._wanted: Dict[int, set] = {}
@@ -440,6 +472,7 @@ class ExpertPrefetcher:
         for layer in sorted(wanted):
             ranked = wanted[layer]
             if ranked:
+                self.stats.predicted(layer, ranked)
                 # every predicted expert is protected, not only the ones that fit: evicting
                 # a likely one to load another costs a load and saves none (measured: with
                 # 2 of 8 slots, loads went up 37% and misses down 10% without this)
@@ -451,17 +484,30 @@ class ExpertPrefetcher:
                 self.stats.fetched(layer, fetched)
 
     # scheduler hooks
-    def begin_step(self, ctx: StepContext) -> None:
+    def begin_step(self, ctx: StepContext, decode_only: bool = False) -> bool:
+        """A step starts; `decode_only`: every request decodes (no prompt chunk), a step
+        the gate may run without prefetch. Returns whether this step prefetches."""
         self.ctx = ctx
-        self._issue(self.predictor.begin_step(ctx))
+        self.active = self.gate.choose(len(ctx.rids)) if (
+            self.gate is not None and decode_only) else True
+        if self.active:
+            self._issue(self.predictor.begin_step(ctx))
+        return self.active
+
+    def end_step(self, batch_size: int, budget: int, seconds: float) -> None:
+        """A pure decode step (begun with decode_only) took `seconds`: the gate's sample."""
+        if self.gate is not None:
+            self.gate.observe(batch_size, budget, self.active, seconds)
 
     def before_verify(self, ctx: StepContext) -> None:
         self.ctx = ctx
-        self._issue(self.predictor.before_verify(ctx))
+        if self.active:
+            self._issue(self.predictor.before_verify(ctx))
 
     def on_draft_level(self, ctx: StepContext) -> None:
         """Called by the drafter after each tree level (spec_worker wires it)."""
-        self._issue(self.predictor.on_draft_level(ctx))
+        if self.active:
+            self._issue(self.predictor.on_draft_level(ctx))
 
     def use_draft_hidden(self, hidden_size: int, num_layers: int) -> bool:
         return self.predictor.use_draft_hidden(hidden_size, num_layers)
@@ -469,27 +515,34 @@ class ExpertPrefetcher:
     def on_draft_hidden(self, rids: List[str], tokens: List[int],
                         hidden: Dict[int, torch.Tensor]) -> None:
         """Called by the drafter after each of its forwards (the scheduler wires it)."""
-        self._issue(self.predictor.on_draft_hidden(rids, tokens, hidden))
+        if self.active:
+            self._issue(self.predictor.on_draft_hidden(rids, tokens, hidden))
 
     def forget(self, rid: str) -> None:
         self.predictor.forget(rid)
 
     # model hooks
     def on_moe_input(self, layer: int, normed: torch.Tensor, residual: torch.Tensor) -> None:
-        self._issue(self.predictor.on_moe_input(layer, normed, residual, self.ctx))
+        if self.active:
+            self._issue(self.predictor.on_moe_input(layer, normed, residual, self.ctx))
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
-        needed = torch.unique(topk_ids).tolist()
-        self.stats.used(layer, needed, self.store.resident(layer))
+        if self.active:
+            self.stats.used(layer, torch.unique(topk_ids).tolist(), self.store.resident(layer))
+        else:
+            self.stats.skip(layer)
         self._wanted.pop(layer, None)
         self.predictor.on_routed(layer, topk_ids)
 
     def figures(self) -> dict:
         store = self.store.stats().to_dict()
-        return {"predictor": self.predictor.name, **self.stats.to_dict(),
-                "hit_rate": store["total"]["hit_rate"],
-                "stall_seconds": store["total"]["stall_seconds"],
-                "bytes_loaded": store["total"]["bytes_loaded"]}
+        out = {"predictor": self.predictor.name, **self.stats.to_dict(),
+               "hit_rate": store["total"]["hit_rate"],
+               "stall_seconds": store["total"]["stall_seconds"],
+               "bytes_loaded": store["total"]["bytes_loaded"]}
+        if self.gate is not None:
+            out["gate"] = self.gate.to_dict()
+        return out
 
 
 def build_predictor(name: str, views: Dict[int, RouterView], embed: torch.nn.Embedding,

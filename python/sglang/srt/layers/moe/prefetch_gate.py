@@ -1,0 +1,96 @@
+"""Prefetch gate: an online A/B of expert prefetch against on-demand loads, per batch shape.
+
+A prefetch wins time only where loads overlap other work and the bytes it adds (wrong
+guesses, evictions) cost less than the stalls it hides. Where it does not (on the 2-core
+CPU box the loader threads and the draft share the cores and one disk: prefetch measured
+0.62-1.24x on-demand end to end between runs, benchmark/results/moe_prefetch_*.json), a
+server should not pay for it. So, as the speculation cost model does for draft budgets,
+the gate times pure decode steps with prefetch on and off and keeps the faster:
+
+- a key is (batch size bucket, draft budget: rows per request, 1 for plain decoding); step
+  times depend on both and not on what the steps emit (prefetch never changes tokens);
+- until each arm has `min_samples` samples at a key the arms alternate (ABAB: a disk whose
+  speed drifts between minutes slows both alike);
+- then each step takes the arm with the lower recent time (fastest of the last `window`
+  samples: noise on a shared host only ever adds time);
+- when the other arm has not run for `explore_every` steps it is measured again, from
+  scratch (`min_samples` fresh steps: its old samples came from a shorter context or
+  another disk minute); at 3 of 50 steps that costs ~1% where one arm is 20% slower.
+Steps with prefill chunks are not timed and run with prefetch on (as configured).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Deque, Dict, Optional, Tuple
+
+ON, OFF = True, False
+Key = Tuple[int, int]
+
+
+def bucket(batch_size: int) -> int:
+    """1, 2, 3, 4, 8, 16, ...: the speculation cost model's batch buckets."""
+    return batch_size if batch_size <= 4 else 1 << (batch_size - 1).bit_length()
+
+
+@dataclasses.dataclass
+class _Arm:
+    samples: Deque[Tuple[int, float]]  # (gate step, seconds), newest last
+    steps: int = 0  # steps this arm ran at the key (timed)
+    last_step: int = -1
+
+    def best(self) -> Optional[float]:
+        return min(s for _, s in self.samples) if self.samples else None
+
+
+class PrefetchGate:
+    def __init__(self, window: int = 8, min_samples: int = 3, explore_every: int = 50) -> None:
+        self.window, self.min_samples, self.explore_every = window, min_samples, explore_every
+        self.arms: Dict[Key, Dict[bool, _Arm]] = {}
+        self.budget_of: Dict[int, int] = {}  # bucket -> draft budget of its last timed step
+        self.step = 0
+        self.chosen = {ON: 0, OFF: 0}  # pure decode steps run with each arm
+
+    def _arms(self, key: Key) -> Dict[bool, _Arm]:
+        if key not in self.arms:
+            self.arms[key] = {arm: _Arm(collections.deque(maxlen=self.window))
+                              for arm in (ON, OFF)}
+        return self.arms[key]
+
+    def choose(self, batch_size: int) -> bool:
+        """Prefetch in this pure decode step of `batch_size` requests? (The draft budget is
+        chosen later in the step: the bucket's last one stands in for it.)"""
+        self.step += 1
+        b = bucket(batch_size)
+        arms = self._arms((b, self.budget_of.get(b, 1)))
+        short = [arm for arm in (ON, OFF) if len(arms[arm].samples) < self.min_samples]
+        if short:  # measuring: the arm with fewer samples, prefetch first
+            arm = min(short, key=lambda a: (len(arms[a].samples), a is OFF))
+        else:
+            arm = ON if arms[ON].best() <= arms[OFF].best() else OFF
+            other = arms[not arm]
+            if self.step - other.last_step > self.explore_every:
+                # re-measure the other arm on today's context and disk: only fresh samples
+                other.samples.clear()
+                arm = not arm
+        self.chosen[arm] += 1
+        return arm
+
+    def observe(self, batch_size: int, budget: int, arm: bool, seconds: float) -> None:
+        """A pure decode step ran with prefetch `arm` at draft `budget` in `seconds`."""
+        b = bucket(batch_size)
+        self.budget_of[b] = budget
+        a = self._arms((b, budget))[arm]
+        a.samples.append((self.step, seconds))
+        a.steps += 1
+        a.last_step = self.step
+
+    def to_dict(self) -> dict:
+        def arm(a: _Arm) -> dict:
+            return {"best_s": a.best(), "samples": len(a.samples), "steps": a.steps}
+
+        return {"steps_on": self.chosen[ON], "steps_off": self.chosen[OFF],
+                "keys": {f"bs{b}_budget{n}": {"on": arm(v[ON]), "off": arm(v[OFF])}
+                         for (b, n), v in sorted(self.arms.items())
+                         if v[ON].steps or v[OFF].steps}}
