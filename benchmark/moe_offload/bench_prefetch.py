@@ -100,7 +100,8 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
     out["mean_outside_target_s"] = (decode_s - sum(passes)) / len(passes) if passes else None
     st = store.stats().to_dict()["total"]
     out.update(hit_rate=st["hit_rate"], stall_s=st["stall_seconds"], loads=st["loads"],
-               bytes_loaded=st["bytes_loaded"], misses=st["misses"], late=st["late"])
+               bytes_loaded=st["bytes_loaded"], misses=st["misses"], late=st["late"],
+               dropped=st["dropped"])
     if sched.spec is not None:
         out["accept_length"] = sched.spec.avg_accept_length()
     if sched.prefetcher is not None:
@@ -188,7 +189,8 @@ def main() -> None:
                       f"{r['mean_outside_target_s'] * 1e3:.0f} ms" if r["mean_verify_s"] else "")
             print(f"{key:28s} {r['tok_s']:6.2f} tok/s{verify} hit {r['hit_rate']:.2f} "
                   f"stall {r['stall_s']:.2f}s "
-                  f"GB loaded {r['bytes_loaded'] / 1e9:.2f}{fig} (rounds "
+                  f"GB loaded {r['bytes_loaded'] / 1e9:.2f} (misses {r['misses']}, late "
+                  f"{r['late']}, prefetches dropped {r['dropped']}){fig} (rounds "
                   + " ".join(f"{v:.2f}" for v in r["rounds_tok_s"]) + ")", flush=True)
     ref = next(iter(results.values()))["tokens"]
     same = {k: v["tokens"] == ref for k, v in results.items()}

@@ -157,6 +157,7 @@ def test_prefetch_never_evicts_what_the_predictor_keeps(tiny_moe_dir) -> None:
     pf.begin_step(ctx)
     store.wait_loads()
     assert store.resident(layer) == [0, 1]  # both kept: expert 2 was not loaded
+    assert store.stats().layers[layer].dropped == 1  # and the store counts the refusal
     pf.on_routed(layer, torch.tensor([[0, 1]]))
     pred.keep = {layer: {1, 2}}
     pf.begin_step(ctx)

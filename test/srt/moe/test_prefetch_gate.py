@@ -94,6 +94,15 @@ def test_scheduler_turns_off_a_prefetch_that_slows_its_steps(tiny_moe_dir) -> No
     assert gate["steps_on"] == 3 and gate["steps_off"] >= 30, gate
     figs = sched.moe_state()["moe_prefetch"]["total"]
     assert figs["uses"] > 0  # the prefetching steps (and the prefill) were scored
+    # /metrics carries the split recall and the gate's steps
+    from sglang.srt.metrics.collector import TokenizerMetrics
+
+    metrics = TokenizerMetrics("tiny")
+    metrics.refresh(sched.moe_state())
+    text = metrics.render()[0].decode()
+    assert 'sglang:moe_prefetch_gate_steps_on{layer="all",model_name="tiny",predictor="reuse"} 3.0' in text
+    assert 'sglang:moe_prefetch_predicted_recall{layer="all"' in text
+    assert 'sglang:moe_prefetch_recall_ceiling{layer="0"' in text
     sched.runner.model.expert_store.close()
     # --moe-prefetch-disable-gate: every step prefetches
     sched = make_scheduler(folder, moe_expert_cache_slots=2, moe_prefetch_predictor="reuse",

@@ -26,6 +26,10 @@ _MOE_GAUGES = {
     "prefetch_precision": "Prefetched experts that the layer then used.",
     "prefetch_bytes_fetched": "Bytes of experts the prefetcher fetched.",
     "prefetch_bytes_fetched_used": "Bytes of prefetched experts that were used.",
+    "prefetch_predicted_recall": "Needed experts the predictor named (loaded in time or not).",
+    "prefetch_recall_ceiling": "Needed experts the fast tier's slots could hold at best.",
+    "prefetch_gate_steps_on": "Decode steps the prefetch gate ran with prefetch (layer all).",
+    "prefetch_gate_steps_off": "Decode steps the prefetch gate ran on-demand (layer all).",
 }
 
 # Generation throughput is averaged over this many recent seconds.
@@ -161,7 +165,12 @@ class TokenizerMetrics:
                       "expert_bytes_loaded": s["bytes_loaded"],
                       "prefetch_recall": p.get("recall"), "prefetch_precision": p.get("precision"),
                       "prefetch_bytes_fetched": p.get("bytes_fetched"),
-                      "prefetch_bytes_fetched_used": p.get("bytes_fetched_used")}
+                      "prefetch_bytes_fetched_used": p.get("bytes_fetched_used"),
+                      "prefetch_predicted_recall": p.get("predicted_recall"),
+                      "prefetch_recall_ceiling": p.get("recall_ceiling")}
+            if layer == "all" and "gate" in prefetch:
+                values["prefetch_gate_steps_on"] = prefetch["gate"]["steps_on"]
+                values["prefetch_gate_steps_off"] = prefetch["gate"]["steps_off"]
             for key, value in values.items():
                 if value is not None:
                     self._moe[key].labels(self.model_name, layer, predictor).set(value)

@@ -42,6 +42,7 @@ class LayerStats:
     prefetch_loads: int = 0
     bytes_loaded: int = 0
     evictions: int = 0
+    dropped: int = 0  # prefetch requests refused: every other slot pinned, loading or protected
     stall_seconds: float = 0.0  # time acquire spent waiting for loads
 
     @property
@@ -185,6 +186,7 @@ class ExpertStore:
                     continue
                 j = self._victim(lay, keep)
                 if j is None:
+                    lay.stats.dropped += sum(x not in lay.where for x in wanted[wanted.index(e):])
                     break
                 self._claim(lay, j, e)
                 self._put((_PREFETCH, layer), (layer, j, e, True))
