@@ -120,7 +120,16 @@ def test_router_stack_routes_every_layer_as_each_router_would(scoring, norm_kind
         assert set(fetch[layer]) == chosen, layer
         assert fetch[layer] == route_rank(view, xs[layer], extra=0)
         wider = set(route_rank(view, xs[layer], extra=1))
-        assert keep[layer] == wider and chosen <= keep[layer]
+        assert set(keep[layer]) == wider and chosen <= set(keep[layer])
+        # each kept expert's mass: its score summed over the rows whose top-3 hold it
+        with torch.no_grad():
+            logits = view.norm(xs[layer]) @ view.gate.weight.T
+            probs = (logits.softmax(-1) if view.gate.cfg.scoring != "sigmoid" else
+                     logits.sigmoid() + view.gate.e_score_correction_bias)
+            top = probs.topk(3, dim=-1)
+        for e, m in keep[layer].items():
+            want = float(top.values[top.indices == e].sum())
+            assert m == pytest.approx(want, rel=1e-4, abs=1e-5), (layer, e)
     # a subset of the layers (a draft with fewer layers than the target)
     part, _ = stack.rank({1: xs[1], 3: xs[3]}, extra=0, keep_extra=0)
     assert part == {1: fetch[1], 3: fetch[3]}
@@ -163,6 +172,38 @@ def test_prefetch_never_evicts_what_the_predictor_keeps(tiny_moe_dir) -> None:
     pf.begin_step(ctx)
     store.wait_loads()
     assert store.resident(layer) == [1, 2]  # 0 was not expected: 2 took its slot
+    store.check_idle()
+    store.close()
+
+
+def test_a_clearly_likelier_expert_takes_the_slot_of_a_kept_one(tiny_moe_dir) -> None:
+    """With scores (the draft predictor's router mass), a kept expert yields its slot to a
+    requested one SWAP_MARGIN times likelier, the least likely first; a near-equal does not
+    displace it, and a kept expert without a score is never evicted."""
+    from sglang.srt.layers.moe.expert_store import SWAP_MARGIN
+    from sglang.srt.model_loader.loader import load_model
+
+    model, _ = load_model(tiny_moe_dir("mixtral"), dtype="float32", moe_expert_cache_slots=2)
+    store = model.expert_store
+    layer = store.layers()[0]
+
+    def fill(a, b):
+        for e in (a, b):
+            lease = store.acquire(layer, [e])
+            store.release(lease)
+        assert store.resident(layer) == sorted([a, b])
+
+    fill(0, 1)
+    near = 0.4 * SWAP_MARGIN * 0.99
+    assert store.prefetch_experts(layer, [2], {0, 1}, {0: 1.0, 1: 0.4, 2: near}) == []
+    assert store.prefetch_experts(layer, [2], {0, 1}, {0: 1.0, 1: 0.4, 2: 0.9}) == [2]
+    store.wait_loads()
+    assert store.resident(layer) == [0, 2]  # 1, the least likely, gave its slot
+    # kept without a score: never evicted; not kept and unscored: the first to go
+    assert store.prefetch_experts(layer, [3], {0, 2}, {3: 5.0}) == []
+    assert store.prefetch_experts(layer, [3], {0}, {0: 1.0, 3: 1.5}) == [3]
+    store.wait_loads()
+    assert store.resident(layer) == [0, 3]
     store.check_idle()
     store.close()
 

@@ -179,6 +179,12 @@ class ExpertPredictor:
         none, and loads are what the slow tier is short of)."""
         return set()
 
+    def scores_for(self, layer: int) -> Dict[int, float]:
+        """How likely this step's pass is to use each expert of `layer` (router mass summed
+        over the pass's rows), where the predictor knows: a prefetch may then evict a kept
+        expert for a likelier one (ExpertStore.prefetch_experts). Empty: keep_for rules."""
+        return {}
+
     def forget(self, rid: str) -> None:
         pass
 
@@ -251,7 +257,7 @@ class DraftPredictor(ExpertPredictor):
         # Experts in some row's top-(k + width + keep_width) are kept from eviction this step
         # (route_predict.py: top-3 held 0.995 of the SmolLM2 target's top-2).
         self.keep_width = keep_width
-        self.keep: Dict[int, Set[int]] = {}
+        self.keep: Dict[int, Dict[int, float]] = {}  # layer -> kept expert -> router mass
         # rid -> (token id, {layer: residual [H]}) of the request's latest processed token
         self.state: Dict[str, tuple] = {}
         self._rows: Optional[List[tuple]] = None  # (rid, row) to keep from this pass
@@ -311,8 +317,12 @@ class DraftPredictor(ExpertPredictor):
         """Route rows [L, n, H] of `layers`; remember what to keep from eviction until each
         layer runs."""
         fetch, keep = self.routers.rank_stacked(layers, stack, self.width, self.keep_width)
-        for layer, experts in keep.items():
-            self.keep.setdefault(layer, set()).update(experts)
+        for layer, masses in keep.items():
+            # hooks route growing sets of the pass's rows (roots, levels, all): the largest
+            # mass seen is the one of the most rows
+            kept = self.keep.setdefault(layer, {})
+            for e, m in masses.items():
+                kept[e] = max(m, kept.get(e, m))
         return fetch
 
     def _rank(self, residuals: Dict[int, torch.Tensor]) -> Dict[int, List[int]]:
@@ -320,7 +330,10 @@ class DraftPredictor(ExpertPredictor):
         return self._rank_stacked(layers, torch.stack([residuals[x] for x in layers]))
 
     def keep_for(self, layer: int) -> Set[int]:
-        return self.keep.get(layer, set())
+        return set(self.keep.get(layer, ()))
+
+    def scores_for(self, layer: int) -> Dict[int, float]:
+        return self.keep.get(layer, {})
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
         self.keep.pop(layer, None)  # the pass has used the layer: its next use is next step
@@ -444,6 +457,13 @@ class EnsemblePredictor(ExpertPredictor):
     def keep_for(self, layer):
         return set().union(*(m.keep_for(layer) for m in self.members))
 
+    def scores_for(self, layer):
+        out: Dict[int, float] = {}
+        for m in self.members:
+            for e, v in m.scores_for(layer).items():
+                out[e] = max(v, out.get(e, v))
+        return out
+
     def forget(self, rid):
         for m in self.members:
             m.forget(rid)
@@ -480,7 +500,7 @@ class ExpertPrefetcher:
                 protect.update(ranked)
                 protect.update(self.predictor.keep_for(layer))
                 fetched = self.store.prefetch_experts(layer, ranked[: self.store.num_slots],
-                                                      protect)
+                                                      protect, self.predictor.scores_for(layer))
                 self.stats.fetched(layer, fetched)
 
     # scheduler hooks

@@ -3,10 +3,12 @@
 A predictor (prefetch.py) feeds residual streams it has or estimates to the routers of the
 target's MoE layers and asks two questions per layer:
 - fetch: the experts in some row's top-(k + extra), most router mass first: what to load;
-- keep: the experts in some row's top-(k + extra + keep_extra): what a load must not evict.
-  On the SmolLM2 pair, the draft's residual names 0.955 of the target's top-2 per layer and
-  top-3 covers 0.995, so an expert outside every row's top-3 is all but surely idle in the
-  coming pass, and one inside it is worth the slot it holds.
+- keep: the experts in some row's top-(k + extra + keep_extra), each with its router mass
+  (summed over the rows that have it in that top): what a load must not evict, and how much
+  each is worth. On the SmolLM2 pair, the draft's residual names 0.955 of the target's
+  top-2 per layer and top-3 covers 0.995, so an expert outside every row's top-3 is all but
+  surely idle in the coming pass, and one inside it is worth the slot it holds unless a
+  likelier one needs it.
 
 `RouterStack` answers for every layer at once: a few batched tensor ops instead of ~8 small
 ones per layer (SmolLM2 has 30 MoE layers, and the draft asks after each of its forwards).
@@ -15,7 +17,7 @@ ones per layer (SmolLM2 has 30 MoE layers, and the draft asks after each of its 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -51,6 +53,26 @@ def route_rank(view: RouterView, residual: torch.Tensor, extra: int) -> List[int
         top = scores.topk(k, dim=-1)
         return _ranked(top.indices.reshape(1, -1), top.values.reshape(1, -1),
                        scores.shape[-1])[0]
+
+
+def _masses(indices: torch.Tensor, values: torch.Tensor, num_experts: int
+            ) -> List[Dict[int, float]]:
+    """Per layer (row of `indices` [L, m]): chosen expert -> its summed score."""
+    rows = indices.shape[0]
+    mass = torch.zeros(rows, num_experts).scatter_add_(1, indices, values.float()).tolist()
+    chosen = torch.zeros(rows, num_experts, dtype=torch.bool).scatter_(1, indices, True).tolist()
+    return [{e: m for e, (m, on) in enumerate(zip(ms, cs)) if on}
+            for ms, cs in zip(mass, chosen)]
+
+
+def route_mass(view: RouterView, residual: torch.Tensor, extra: int) -> Dict[int, float]:
+    """Experts in some row's top-(k + extra) of `residual` [n, H] -> summed router score."""
+    with torch.no_grad():
+        weight = view.gate.weight.to(residual.dtype)
+        logits = torch.nn.functional.linear(view.norm(residual), weight)
+        scores = _scores(logits, view.gate, getattr(view.gate, "e_score_correction_bias", None))
+        top = scores.topk(min(view.top_k + extra, scores.shape[-1]), dim=-1)
+        return _masses(top.indices.reshape(1, -1), top.values.reshape(1, -1), scores.shape[-1])[0]
 
 
 def _ranked(indices: torch.Tensor, values: torch.Tensor, num_experts: int) -> List[List[int]]:
@@ -115,28 +137,28 @@ class RouterStack:
         return weight * xf.to(x.dtype)  # as RMSNorm: the weight times the input-dtype rows
 
     def rank(self, residuals: Dict[int, torch.Tensor], extra: int,
-             keep_extra: int) -> Tuple[Dict[int, List[int]], Dict[int, Set[int]]]:
+             keep_extra: int) -> Tuple[Dict[int, List[int]], Dict[int, Dict[int, float]]]:
         """`residuals`: layer -> [n, H] rows (the same n for every layer). Returns
         (fetch: layer -> experts in some row's top-(k+extra), most mass first;
-         keep: layer -> experts in some row's top-(k+extra+keep_extra))."""
+         keep: layer -> experts in some row's top-(k+extra+keep_extra) -> their mass)."""
         layers = [layer for layer in sorted(residuals) if layer in self.views]
         if not layers:
             return {}, {}
         return self.rank_stacked(layers, torch.stack([residuals[x] for x in layers]), extra,
                                  keep_extra)
 
-    def rank_stacked(self, layers: List[int], x: torch.Tensor, extra: int,
-                     keep_extra: int) -> Tuple[Dict[int, List[int]], Dict[int, Set[int]]]:
+    def rank_stacked(self, layers: List[int], x: torch.Tensor, extra: int, keep_extra: int
+                     ) -> Tuple[Dict[int, List[int]], Dict[int, Dict[int, float]]]:
         """`rank` of rows already stacked: x [len(layers), n, H], row i of `layers`."""
         fetch: Dict[int, List[int]] = {}
-        keep: Dict[int, Set[int]] = {}
+        keep: Dict[int, Dict[int, float]] = {}
         position = {layer: i for i, layer in enumerate(layers)}
         stacked = [layer for layer in self.stacked if layer in position]
         with torch.no_grad():
             for layer in [y for y in self.single if y in position]:
                 view, rows = self.views[layer], x[position[layer]]
                 fetch[layer] = route_rank(view, rows, extra)
-                keep[layer] = set(route_rank(view, rows, extra + keep_extra))
+                keep[layer] = route_mass(view, rows, extra + keep_extra)
             if not stacked:
                 return fetch, keep
             if stacked != layers:
@@ -159,9 +181,8 @@ class RouterStack:
             n = len(stacked)
             ranked = _ranked(idx[..., :k].reshape(n, -1), val[..., :k].reshape(n, -1),
                              num_experts)
-            kept = torch.zeros(n, num_experts, dtype=torch.bool).scatter_(
-                1, idx.reshape(n, -1), True).tolist()
+            kept = _masses(idx.reshape(n, -1), val.reshape(n, -1), num_experts)
         for i, layer in enumerate(stacked):
             fetch[layer] = ranked[i]
-            keep[layer] = {e for e, on in enumerate(kept[i]) if on}
+            keep[layer] = kept[i]
         return fetch, keep
