@@ -9,13 +9,17 @@ the gate times pure decode steps with prefetch on and off and keeps the faster:
 
 - a key is (batch size bucket, draft budget: rows per request, 1 for plain decoding); step
   times depend on both and not on what the steps emit (prefetch never changes tokens);
-- until each arm has `min_samples` samples at a key the arms alternate (ABAB: a disk whose
-  speed drifts between minutes slows both alike);
+- a step inherits the experts the previous step left resident, so a sample counts only
+  when the previous step (same batch bucket) ran the same arm: measured in alternation, an
+  on-demand step rode on the experts the prefetching step before it had loaded (the arms
+  measured 0.87 s on, < 0.87 s off where steps took 0.87 s on and 1.18 s off when run
+  alone). Until each arm has `min_samples` such samples at a key, the arms run in blocks,
+  prefetch first (min_samples + 1 steps each);
 - then each step takes the arm with the lower recent time (fastest of the last `window`
   samples: noise on a shared host only ever adds time);
 - when the other arm has not run for `explore_every` steps it is measured again, from
-  scratch (`min_samples` fresh steps: its old samples came from a shorter context or
-  another disk minute); at 3 of 50 steps that costs ~1% where one arm is 20% slower.
+  scratch (a block of fresh steps: its old samples came from a shorter context or another
+  disk minute); at 4 of 50 steps that costs ~2% where one arm is 20% slower.
 Steps with prefill chunks are not timed and run with prefetch on (as configured).
 """
 
@@ -49,6 +53,8 @@ class PrefetchGate:
         self.window, self.min_samples, self.explore_every = window, min_samples, explore_every
         self.arms: Dict[Key, Dict[bool, _Arm]] = {}
         self.budget_of: Dict[int, int] = {}  # bucket -> draft budget of its last timed step
+        self.last_arm: Dict[int, bool] = {}  # bucket -> arm of its latest step
+        self._inherits = False  # the step under way follows a step of the same arm
         self.step = 0
         self.chosen = {ON: 0, OFF: 0}  # pure decode steps run with each arm
 
@@ -65,8 +71,10 @@ class PrefetchGate:
         b = bucket(batch_size)
         arms = self._arms((b, self.budget_of.get(b, 1)))
         short = [arm for arm in (ON, OFF) if len(arms[arm].samples) < self.min_samples]
-        if short:  # measuring: the arm with fewer samples, prefetch first
-            arm = min(short, key=lambda a: (len(arms[a].samples), a is OFF))
+        prev = self.last_arm.get(b)
+        if short:  # measuring: the block under way, else the arm with fewer samples
+            arm = prev if prev in short else min(
+                short, key=lambda a: (len(arms[a].samples), a is OFF))
         else:
             arm = ON if arms[ON].best() <= arms[OFF].best() else OFF
             other = arms[not arm]
@@ -75,6 +83,8 @@ class PrefetchGate:
                 other.samples.clear()
                 arm = not arm
         self.chosen[arm] += 1
+        self._inherits = prev is arm
+        self.last_arm[b] = arm
         return arm
 
     def observe(self, batch_size: int, budget: int, arm: bool, seconds: float) -> None:
@@ -82,7 +92,8 @@ class PrefetchGate:
         b = bucket(batch_size)
         self.budget_of[b] = budget
         a = self._arms((b, budget))[arm]
-        a.samples.append((self.step, seconds))
+        if self._inherits:  # else the step ran on the other arm's residency: no sample
+            a.samples.append((self.step, seconds))
         a.steps += 1
         a.last_step = self.step
 
