@@ -4,8 +4,10 @@
 #   2. runs the kernel tests on the GPU (attention, fused MoE when its test exists, and the
 #      triton backend's layer-level tests);
 #   3. scripts/gpu_check.py: times every kernel against its torch reference, measures the
-#      decode kernel's fraction of copy bandwidth, and runs the engine end to end on a random
-#      Llama with and without speculation (greedy equality, decode tokens/s);
+#      decode kernel's fraction of copy bandwidth, runs the engine end to end on a random
+#      Llama with and without speculation (greedy equality, decode tokens/s), and a random
+#      Mixtral with half its experts resident, prefetch off vs `draft` (issue 7: equality,
+#      verify time, recall, stall);
 #   4. prints one table (last in the output). Logs and JSON go to $GPU_CHECK_OUT (default:
 #      $OUT when set, else /tmp/gpu_check).
 # Without a CUDA device it says so and exits 0 at once.
