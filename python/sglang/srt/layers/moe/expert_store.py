@@ -186,18 +186,19 @@ class ExpertStore:
         times higher: of two likely experts, the clearly likelier holds the slot."""
         queued: List[int] = []
         wanted = list(dict.fromkeys(int(x) for x in expert_ids))
+        scores = scores or {}
         with self._cond:
             lay = self._layers[layer]
-            keep = set(wanted) | {int(x) for x in protect}
-            for e in wanted:
+            asked = set(wanted)
+            keep = asked | {int(x) for x in protect}
+            for i, e in enumerate(wanted):
                 self._check_id(lay, e)
                 if e in lay.where:
                     lay.slots[lay.where[e]].last_use = self._tick()
                     continue
-                j = (self._victim_scored(lay, set(wanted), keep, scores, scores.get(e, 0.0))
-                     if scores else self._victim(lay, keep))
+                j = self._victim_scored(lay, asked, keep, scores, scores.get(e, 0.0))
                 if j is None:
-                    lay.stats.dropped += sum(x not in lay.where for x in wanted[wanted.index(e):])
+                    lay.stats.dropped += sum(x not in lay.where for x in wanted[i:])
                     break
                 self._claim(lay, j, e)
                 self._put((_PREFETCH, layer), (layer, j, e, True))
@@ -303,13 +304,12 @@ class ExpertStore:
             raise ValueError(f"expert id {e} out of range 0..{lay.num_experts - 1}")
 
     @staticmethod
-    def _victim(lay: _Layer, keep: Optional[set] = None) -> Optional[int]:
+    def _victim(lay: _Layer) -> Optional[int]:
+        """A demand load's slot: a FREE one, else the least recently used unpinned one."""
         best, best_use = None, None
         for j, s in enumerate(lay.slots):
             if s.state == FREE:
                 return j
-            if keep and s.expert in keep:
-                continue
             if s.state == RESIDENT and s.pins == 0 and (best_use is None or s.last_use < best_use):
                 best, best_use = j, s.last_use
         return best
@@ -319,7 +319,8 @@ class ExpertStore:
                        score: float) -> Optional[int]:
         """A FREE slot, else the unpinned RESIDENT slot of least worth (unscored and
         unprotected: nothing; unscored and protected: infinite; else its score; ties: least
-        recently used) if `score` is SWAP_MARGIN times its worth; never one of `wanted`."""
+        recently used) if `score` is SWAP_MARGIN times its worth; never one of `wanted`.
+        Without scores: the least recently used slot outside `keep`."""
         best, best_key = None, None
         for j, s in enumerate(lay.slots):
             if s.state == FREE:

@@ -42,45 +42,42 @@ def _scores(logits: torch.Tensor, gate: torch.nn.Module, bias: torch.Tensor = No
     return logits.softmax(-1)
 
 
-def route_rank(view: RouterView, residual: torch.Tensor, extra: int) -> List[int]:
-    """Experts ranked by summed router probability over the rows of `residual` [n, H],
-    keeping each row's top-(k + extra)."""
+def _route_top(view: RouterView, residual: torch.Tensor, k: int):
+    """Each row's top-k router scores of `residual` [n, H] (indices and values, [n, k])."""
     with torch.no_grad():
         weight = view.gate.weight.to(residual.dtype)
         logits = torch.nn.functional.linear(view.norm(residual), weight)
         scores = _scores(logits, view.gate, getattr(view.gate, "e_score_correction_bias", None))
-        k = min(view.top_k + extra, scores.shape[-1])
-        top = scores.topk(k, dim=-1)
-        return _ranked(top.indices.reshape(1, -1), top.values.reshape(1, -1),
-                       scores.shape[-1])[0]
+        return scores.topk(min(k, scores.shape[-1]), dim=-1), scores.shape[-1]
+
+
+def route_rank(view: RouterView, residual: torch.Tensor, extra: int) -> List[int]:
+    """Experts ranked by summed router probability over the rows of `residual` [n, H],
+    keeping each row's top-(k + extra)."""
+    top, num_experts = _route_top(view, residual, view.top_k + extra)
+    return _ranked(top.indices.reshape(1, -1), top.values.reshape(1, -1), num_experts)[0]
+
+
+def _mass_chosen(indices: torch.Tensor, values: torch.Tensor, num_experts: int):
+    """Per row of `indices` [L, m]: summed score per expert [L, E], and which were chosen.
+    Chosen is tracked apart from the sum: sigmoid scores plus a correction bias can be <= 0."""
+    rows = indices.shape[0]
+    mass = torch.zeros(rows, num_experts).scatter_add_(1, indices, values.float())
+    chosen = torch.zeros(rows, num_experts, dtype=torch.bool).scatter_(1, indices, True)
+    return mass, chosen
 
 
 def _masses(indices: torch.Tensor, values: torch.Tensor, num_experts: int
             ) -> List[Dict[int, float]]:
     """Per layer (row of `indices` [L, m]): chosen expert -> its summed score."""
-    rows = indices.shape[0]
-    mass = torch.zeros(rows, num_experts).scatter_add_(1, indices, values.float()).tolist()
-    chosen = torch.zeros(rows, num_experts, dtype=torch.bool).scatter_(1, indices, True).tolist()
+    mass, chosen = _mass_chosen(indices, values, num_experts)
     return [{e: m for e, (m, on) in enumerate(zip(ms, cs)) if on}
-            for ms, cs in zip(mass, chosen)]
-
-
-def route_mass(view: RouterView, residual: torch.Tensor, extra: int) -> Dict[int, float]:
-    """Experts in some row's top-(k + extra) of `residual` [n, H] -> summed router score."""
-    with torch.no_grad():
-        weight = view.gate.weight.to(residual.dtype)
-        logits = torch.nn.functional.linear(view.norm(residual), weight)
-        scores = _scores(logits, view.gate, getattr(view.gate, "e_score_correction_bias", None))
-        top = scores.topk(min(view.top_k + extra, scores.shape[-1]), dim=-1)
-        return _masses(top.indices.reshape(1, -1), top.values.reshape(1, -1), scores.shape[-1])[0]
+            for ms, cs in zip(mass.tolist(), chosen.tolist())]
 
 
 def _ranked(indices: torch.Tensor, values: torch.Tensor, num_experts: int) -> List[List[int]]:
-    """Per layer (row of `indices` [L, m]): the chosen experts, most summed score first.
-    Chosen is tracked apart from the sum: sigmoid scores plus a correction bias can be <= 0."""
-    rows = indices.shape[0]
-    mass = torch.zeros(rows, num_experts).scatter_add_(1, indices, values.float())
-    chosen = torch.zeros(rows, num_experts, dtype=torch.bool).scatter_(1, indices, True)
+    """Per layer (row of `indices` [L, m]): the chosen experts, most summed score first."""
+    mass, chosen = _mass_chosen(indices, values, num_experts)
     mass = mass.masked_fill(~chosen, float("-inf"))
     order = torch.argsort(mass, dim=-1, descending=True, stable=True).tolist()
     return [o[:n] for o, n in zip(order, chosen.sum(-1).tolist())]
@@ -156,9 +153,13 @@ class RouterStack:
         stacked = [layer for layer in self.stacked if layer in position]
         with torch.no_grad():
             for layer in [y for y in self.single if y in position]:
-                view, rows = self.views[layer], x[position[layer]]
-                fetch[layer] = route_rank(view, rows, extra)
-                keep[layer] = route_mass(view, rows, extra + keep_extra)
+                view = self.views[layer]
+                k = view.top_k + extra
+                top, num_experts = _route_top(view, x[position[layer]], k + keep_extra)
+                idx, val = top.indices, top.values  # sorted: the first k are the fetch top-k
+                fetch[layer] = _ranked(idx[:, :k].reshape(1, -1), val[:, :k].reshape(1, -1),
+                                       num_experts)[0]
+                keep[layer] = _masses(idx.reshape(1, -1), val.reshape(1, -1), num_experts)[0]
             if not stacked:
                 return fetch, keep
             if stacked != layers:
