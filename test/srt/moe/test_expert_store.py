@@ -236,3 +236,41 @@ def test_reads_around_the_page_cache_place_each_expert_exactly(tiny_moe_dir) -> 
         pass
     buffered.close()
     store.close()
+
+
+def test_a_page_aligned_checkpoint_loads_straight_into_the_slots(tiny_moe_dir, moe_prompts,
+                                                                   tmp_path) -> None:
+    """expert_layout.repack_folder puts every expert tensor on a page; with the page cache
+    dropped each load is then one O_DIRECT read into its (page-aligned) slot, no bounce
+    buffer; the tensors and the output are those of the original checkpoint, which still
+    loads through the bounce buffer."""
+    from safetensors import safe_open
+
+    from sglang.srt.layers.moe.expert_layout import ALIGN, expert_misalignment, repack_folder
+
+    src = tiny_moe_dir("mixtral")
+    dst = str(tmp_path / "aligned")
+    assert expert_misalignment(f"{src}/model.safetensors")  # transformers' layout: off pages
+    assert repack_folder(src, dst) == []
+    assert sorted(os.listdir(dst)) == sorted(os.listdir(src))
+    with safe_open(f"{src}/model.safetensors", "pt") as a, \
+            safe_open(f"{dst}/model.safetensors", "pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys())
+        assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
+    ref = runner_with_slots(src).generate_greedy(moe_prompts, 8)
+    try:
+        os.close(os.open(f"{dst}/model.safetensors", os.O_RDONLY | os.O_DIRECT))
+        direct = True
+    except OSError:
+        direct = False
+    for folder, how in ((dst, "direct"), (src, "bounced")):
+        runner = runner_with_slots(folder, slots=2, drop_page_cache=True)
+        store = runner.model.expert_store
+        assert all(b.experts.w13.data_ptr() % ALIGN == 0 and b.experts.w2.data_ptr() % ALIGN == 0
+                   for b in runner.model.moe_blocks().values())
+        assert runner.generate_greedy(moe_prompts, 8) == ref
+        assert_baseline(store)
+        reads = store.source.reads
+        if direct:
+            assert reads[how] > 0 and sum(reads.values()) == reads[how], (folder, reads)
+        store.close()

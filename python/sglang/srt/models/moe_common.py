@@ -233,6 +233,9 @@ class MoECausalLM(nn.Module):
         source = SafetensorsExpertSource(model_path, keys, drop_page_cache)
         first = next(iter(blocks.values())).experts
         device = str(first.w13.device)
+        if not device.startswith("cuda"):
+            for b in blocks.values():
+                b.experts.align_slots()
         if device.startswith("cuda"):
             source = PinnedHostExpertSource(source, {i: b.slot_shapes() for i, b in blocks.items()},
                                             {i: b.experts.num_experts for i, b in blocks.items()},

@@ -102,6 +102,9 @@ class SafetensorsExpertSource:
         # forwards by ~100 ms a step. None where the file system refuses O_DIRECT.
         self._direct_fds: Optional[List[int]] = None
         self._bounce = threading.local()  # per loader thread: an aligned read buffer
+        # tensors read with O_DIRECT straight into their slot / through the bounce buffer
+        self.reads = {"direct": 0, "bounced": 0}
+        self._reads_lock = threading.Lock()
         if drop_page_cache and hasattr(os, "O_DIRECT"):
             try:
                 self._direct_fds = [os.open(p, os.O_RDONLY | os.O_DIRECT)
@@ -164,9 +167,17 @@ class SafetensorsExpertSource:
         return True
 
     def _read_direct(self, file_idx: int, start: int, end: int, dst: torch.Tensor) -> bool:
-        """Bytes [start, end) of the file into `dst` through O_DIRECT: the enclosing
-        page-aligned span into this thread's page-aligned buffer, then a memmove. False (and
-        buffered reads from then on) where the file system refuses it."""
+        """Bytes [start, end) of the file into `dst` through O_DIRECT: straight into `dst`
+        where both are page-aligned, else the enclosing page-aligned span into this thread's
+        page-aligned buffer, then a memmove. False (and buffered reads from then on) where
+        the file system refuses it."""
+        nbytes = end - start
+        if start % _PAGE == 0 and nbytes % _PAGE == 0 and dst.data_ptr() % _PAGE == 0:
+            # an aligned tensor into an aligned slot (expert_layout.py): the disk writes the
+            # slot itself, no bounce buffer and no memmove on the cores
+            out = (ctypes.c_char * nbytes).from_address(dst.data_ptr())
+            return self._count("direct", self._pread_direct(file_idx, start,
+                                                            memoryview(out).cast("B")))
         lo = start - start % _PAGE
         span = end - lo + (-(end - lo)) % _PAGE
         buf = getattr(self._bounce, "buf", None)
@@ -175,12 +186,29 @@ class SafetensorsExpertSource:
                 buf.close()
             buf = mmap.mmap(-1, span)  # anonymous mappings are page-aligned
             self._bounce.buf = buf
-        view = memoryview(buf)[:span]
+        if not self._pread_direct(file_idx, lo, memoryview(buf)[:span], end):
+            return False
+        base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        ctypes.memmove(dst.data_ptr(), base + (start - lo), end - start)
+        return self._count("bounced", True)
+
+    def _count(self, how: str, done: bool) -> bool:
+        if done:
+            with self._reads_lock:
+                self.reads[how] += 1
+        return done
+
+    def _pread_direct(self, file_idx: int, lo: int, view: memoryview,
+                      end: Optional[int] = None) -> bool:
+        """O_DIRECT read of file bytes [lo, end) (default: the view's length) into the
+        page-aligned `view`. False (and buffered reads from then on) where the file system
+        refuses O_DIRECT."""
+        end = lo + len(view) if end is None else end
         fd, done = self._direct_fds[file_idx], 0
         try:
             while lo + done < end:
                 n = os.preadv(fd, [view[done:]], lo + done)
-                if n <= 0:  # the file ends inside the last page: done short of `span`
+                if n <= 0:  # the file ends inside the last page: done short of the view
                     break
                 done += n
         except OSError:  # e.g. EINVAL: this file system takes no O_DIRECT
@@ -192,8 +220,6 @@ class SafetensorsExpertSource:
             view.release()
         if lo + done < end:
             raise OSError("short read of an expert from the checkpoint")
-        base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-        ctypes.memmove(dst.data_ptr(), base + (start - lo), end - start)
         return True
 
     def _drop(self, name: str, mapped: torch.Tensor) -> None:

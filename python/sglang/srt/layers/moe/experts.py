@@ -95,6 +95,14 @@ class MoEExperts(nn.Module):
         with torch.no_grad():
             dst.copy_(tensor)
 
+    def align_slots(self) -> None:
+        """Re-allocate the (empty) CPU slots on page boundaries: a load from a page-aligned
+        checkpoint then reads from the disk straight into its slot (expert_layout.py)."""
+        from sglang.srt.layers.moe.expert_layout import aligned_empty
+
+        for p in (self.w13, self.w2):
+            p.data = aligned_empty(p.shape, p.dtype)
+
     def missing_experts(self) -> list:
         return [e for e in range(self.num_experts)
                 if None in self.expert_keys.get(e, [None])]
