@@ -9,6 +9,8 @@ legal-text prompt):
                      on every step (--moe-prefetch-disable-gate: the predictor's own figures)
   spec+<p>+gate      the server default: the gate times steps with and without prefetch and
                      keeps the faster (--gate-predictors; layers/moe/prefetch_gate.py)
+  spec+<p>+prune     prefetch with budget-aware trees (--moe-prefetch-prune-tree, every step:
+                     --prune-predictors; speculative/expert_budget.py)
 Reported per setting: decode tokens/s, mean verify-pass time (the target forward of a
 speculative step), the store's hit rate / stall time / bytes, and the prefetcher's recall,
 precision and over-fetch, per layer in the JSON. All settings must emit the same tokens.
@@ -46,7 +48,8 @@ def draft_for(model: str) -> str:
 
 def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, slots: int,
                 predictor: str, steps: int, dtype: str, keep_width: int = 1,
-                gate: bool = False) -> Dict[str, Any]:
+                gate: bool = False, prune: bool = False, topk: int = 1,
+                draft_tokens: Optional[int] = None) -> Dict[str, Any]:
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -56,10 +59,11 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
                               moe_expert_cache_slots=slots, moe_expert_drop_page_cache=True,
                               moe_prefetch_predictor=predictor, moe_prefetch_width=0,
                               moe_prefetch_keep_width=keep_width,
-                              moe_prefetch_disable_gate=not gate)
+                              moe_prefetch_disable_gate=not gate, moe_prefetch_prune_tree=prune)
     if draft is not None:
         kw.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
-                  speculative_num_steps=steps, speculative_eagle_topk=1,
+                  speculative_num_steps=steps, speculative_eagle_topk=topk,
+                  speculative_num_draft_tokens=draft_tokens,
                   speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
     sched = Scheduler(ServerArgs(**kw))
     forward_times: List[float] = []
@@ -114,6 +118,8 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
                    recall_ceiling=tot["recall_ceiling"], per_layer=figs["layers"])
         if "gate" in figs:
             out["gate"] = figs["gate"]
+        if "tree_budget" in figs:
+            out["tree_budget"] = figs["tree_budget"]
     sched.abort("", "benchmark done")
     store.close()
     return out
@@ -133,6 +139,14 @@ def main() -> None:
                          "(0: protect only the fetched experts)")
     ap.add_argument("--gate-predictors", default="draft",
                     help="predictors also run with the prefetch gate on (the server default)")
+    ap.add_argument("--prune-predictors", default="",
+                    help="predictors also run with budget-aware trees (--moe-prefetch-prune-tree)")
+    ap.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk (1: a chain)")
+    ap.add_argument("--draft-tokens", type=int, default=None,
+                    help="--speculative-num-draft-tokens (trees: nodes verified per step)")
+    ap.add_argument("--text", default=None,
+                    help="a text file for the prompt (default: the legal corpus), e.g. a "
+                         "table-heavy contract from scripts/build_adversarial_docs.py")
     ap.add_argument("--tag", default="", help="suffix of the results' file name")
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds over all settings of a fraction, one after another; each "
@@ -153,27 +167,34 @@ def main() -> None:
     cfg = json.load(open(os.path.join(path, "config.json")))
     num_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg["n_routed_experts"]
     tok = AutoTokenizer.from_pretrained(path)
-    prompt = prompt_ids(tok, args.prompt_tokens)
+    if args.text:
+        ids = tok(open(args.text).read(), add_special_tokens=False)["input_ids"]
+        prompt = (ids * (1 + args.prompt_tokens // max(1, len(ids))))[: args.prompt_tokens]
+    else:
+        prompt = prompt_ids(tok, args.prompt_tokens)
     draft = draft_for(args.model)
     results: Dict[str, Dict[str, Any]] = {}
     predictors = [p for p in args.predictors.split(",") if p]
     for frac in (float(f) for f in args.fractions.split(",")):
         slots = max(cfg.get("num_experts_per_tok", 2), round(num_experts * frac))
-        settings = [("plain", None, "none", 1, False), ("spec", draft, "none", 1, False)]
+        settings = [("plain", None, "none", 1, False, False),
+                    ("spec", draft, "none", 1, False, False)]
         for p in predictors:
             widths = ([int(w) for w in args.keep_widths.split(",")]
                       if p in ("draft", "ensemble") else [1])
-            settings += [(f"spec+{p}" + ("" if w == 1 else f"/keep{w}"), draft, p, w, False)
-                         for w in widths]
-        settings += [(f"spec+{p}+gate", draft, p, 1, True)
+            settings += [(f"spec+{p}" + ("" if w == 1 else f"/keep{w}"), draft, p, w, False,
+                          False) for w in widths]
+        settings += [(f"spec+{p}+gate", draft, p, 1, True, False)
                      for p in args.gate_predictors.split(",") if p]
+        settings += [(f"spec+{p}+prune", draft, p, 1, False, True)
+                     for p in args.prune_predictors.split(",") if p]
         runs: Dict[str, List[Dict[str, Any]]] = {}
         for _ in range(args.repeats):
-            for name, d, pred, keep, gate in settings:
+            for name, d, pred, keep, gate, prune in settings:
                 key = f"{int(frac * 100)}% {name}"
                 runs.setdefault(key, []).append(run_setting(
                     path, d, prompt, args.new_tokens, slots, pred, args.steps, args.dtype, keep,
-                    gate))
+                    gate, prune, args.topk, args.draft_tokens))
         for key, rs in runs.items():
             r = sorted(rs, key=lambda x: x["tok_s"])[len(rs) // 2]
             r["slots"] = slots
@@ -185,6 +206,12 @@ def main() -> None:
                    f"precision {r['precision'] or 0:.2f}" if "recall" in r else "")
             if "gate" in r:
                 fig += f" gate on/off steps {r['gate']['steps_on']}/{r['gate']['steps_off']}"
+            if "tree_budget" in r:
+                tb = r["tree_budget"]
+                fig += (f" pruned {tb['nodes_removed']} nodes in {tb['steps_pruned']}/"
+                        f"{tb['steps']} steps (loads saved {tb['loads_saved']})")
+            if r.get("accept_length"):
+                fig += f" accept length {r['accept_length']:.2f}"
             verify = (f" verify {r['mean_verify_s'] * 1e3:.0f} ms, rest of step "
                       f"{r['mean_outside_target_s'] * 1e3:.0f} ms" if r["mean_verify_s"] else "")
             print(f"{key:28s} {r['tok_s']:6.2f} tok/s{verify} hit {r['hit_rate']:.2f} "
@@ -226,6 +253,7 @@ def main() -> None:
     payload = {"command": " ".join(sys.argv), "model": args.model, "draft": os.path.basename(draft),
                "experts_per_layer": num_experts,
                "prompt_tokens": len(prompt), "new_tokens": args.new_tokens, "steps": args.steps,
+               "topk": args.topk, "draft_tokens": args.draft_tokens, "text": args.text,
                "dtype": args.dtype, "machine": machine_info(), "same_tokens": same,
                "ratios": ratios, "overlap_bounds": bounds, "results": results}
     out = save(f"moe_prefetch_{args.model}{args.tag}", payload)

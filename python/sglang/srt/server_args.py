@@ -103,6 +103,9 @@ class ServerArgs:
     # Prefetch is A/B-timed online against on-demand loads per batch shape and kept only
     # where its steps are faster (layers/moe/prefetch_gate.py); this runs it on every step.
     moe_prefetch_disable_gate: bool = False
+    # Budget-aware trees (speculative/expert_budget.py): before the verify, drop the draft
+    # branches whose predicted expert loads cost more time than their expected tokens bring.
+    moe_prefetch_prune_tree: bool = False
     tp_size: int = 1
     num_threads: Optional[int] = None
 
@@ -211,6 +214,12 @@ class ServerArgs:
         if self.moe_prefetch_predictor != "none" and self.moe_expert_cache_slots is None:
             raise ValueError("--moe-prefetch-predictor needs --moe-expert-cache-slots (with every "
                              "expert resident there is nothing to prefetch)")
+        if self.moe_prefetch_prune_tree and (
+                self.moe_prefetch_predictor not in ("draft", "ensemble")
+                or not self.speculative_algorithm):
+            raise ValueError("--moe-prefetch-prune-tree prices draft trees by the experts their "
+                             "tokens route to: it needs --speculative-algorithm and "
+                             "--moe-prefetch-predictor draft or ensemble")
         if self.moe_prefetch_width < 0:
             raise ValueError(f"--moe-prefetch-width must be >= 0, got {self.moe_prefetch_width}")
         if self.moe_prefetch_keep_width < 0:

@@ -85,6 +85,12 @@ class Scheduler:
                 cfg = drafter.runner.config
                 if self.prefetcher.use_draft_hidden(cfg.hidden_size, cfg.num_hidden_layers):
                     drafter.on_hidden = self.prefetcher.on_draft_hidden
+        # --moe-prefetch-prune-tree: drop tree branches whose experts cost more than they bring
+        self.tree_budget = None
+        if getattr(server_args, "moe_prefetch_prune_tree", False) and self.prefetcher is not None:
+            from sglang.srt.speculative.expert_budget import TreeBudget
+
+            self.tree_budget = TreeBudget()
         if self.prefetcher is not None and not server_args.moe_prefetch_disable_gate:
             from sglang.srt.layers.moe.prefetch_gate import PrefetchGate
 
@@ -198,6 +204,8 @@ class Scheduler:
             prefetcher.begin_step(self._step_context(plan), decode_only)
         if self.spec is not None:
             plan.trees = self.spec.propose([r for r, n in zip(plan.reqs, plan.num_tokens) if n == 1])
+            if plan.trees and self.tree_budget is not None and prefetcher.active:
+                self._prune_trees(plan)
             plan.num_tokens = [len(plan.trees[id(r)]) if id(r) in plan.trees else n
                                for r, n in zip(plan.reqs, plan.num_tokens)]
         updates = rejected + self._allocate(plan)
@@ -218,8 +226,14 @@ class Scheduler:
             self.spec.end_step(len(plan.reqs), bool(prefill))
         if prefetcher is not None and decode_only and (self.spec is None or self.spec.step_typical):
             # the gate's sample: the whole step, the draft and the predictors' work included
+            seconds = time.perf_counter() - t0
             prefetcher.end_step(len(plan.reqs), self.spec.step_budget if self.spec else 1,
-                                time.perf_counter() - t0)
+                                seconds)
+            if self.tree_budget is not None and plan.trees:
+                self.tree_budget.observe_step(len(plan.reqs), seconds)
+        if self.tree_budget is not None and plan.reqs:
+            total = prefetcher.store.stats().total()
+            self.tree_budget.observe_store(total.stall_seconds, total.misses)
         finished = [r for r in self.running if r.finished]
         for req in finished:
             self._release(req)
@@ -245,6 +259,36 @@ class Scheduler:
         self.prefetcher.on_draft_level(StepContext([r.rid for r in reqs],
                                                    [list(t.tokens) for t in trees],
                                                    [True] * len(reqs)))
+
+    def _prune_trees(self, plan: StepPlan) -> None:
+        """Budget-aware trees (speculative/expert_budget.py): price each tree's branches by
+        the expert loads only they need, against the tokens they are expected to bring."""
+        ctx = self._step_context(plan)
+        got = self.prefetcher.predictor.row_experts(ctx)
+        if got is None:
+            return
+        layers, chosen = got  # [L, rows, E]
+        fixed = torch.zeros(chosen.shape[0], chosen.shape[2], dtype=torch.bool)
+        for i, layer in enumerate(layers):  # resident or loading: no load to price
+            fixed[i, self.prefetcher.store.mapped(layer)] = True
+        trees, rates, rows, offset = [], [], [], 0
+        for req, toks in zip(plan.reqs, ctx.tokens):
+            r = chosen[:, offset : offset + len(toks)].transpose(0, 1)  # [n, L, E]
+            offset += len(toks)
+            tree = plan.trees.get(id(req))
+            trees.append(tree)
+            rows.append(r if tree is not None else None)
+            rates.append(self.spec.controller(req).ema_rate if tree is not None else 0.0)
+            if tree is None:  # rows that run anyway: their experts load regardless
+                fixed |= r.any(0)
+        for req, old, new in zip(plan.reqs, trees, self.tree_budget.prune(trees, rates, rows,
+                                                                          fixed)):
+            if old is None or new is old:
+                continue
+            if len(new) > 1:
+                plan.trees[id(req)] = new
+            else:  # nothing left to verify: a plain step for this request
+                del plan.trees[id(req)]
 
     def _step_context(self, plan: StepPlan):
         from sglang.srt.layers.moe.prefetch import StepContext
@@ -512,6 +556,8 @@ class Scheduler:
         out: Dict[str, object] = {"moe_expert_store": store.stats().to_dict()}
         if self.prefetcher is not None:
             out["moe_prefetch"] = self.prefetcher.figures()
+            if self.tree_budget is not None:
+                out["moe_prefetch"]["tree_budget"] = self.tree_budget.to_dict()
         return out
 
     def check_all_free(self) -> None:

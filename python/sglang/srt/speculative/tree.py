@@ -59,6 +59,26 @@ class DraftTree:
         n = len(self.tokens)
         return torch.cat([torch.ones((n, prefix_len), dtype=torch.bool), self.ancestor_mask()], 1)
 
+    def subtree(self, node: int) -> List[int]:
+        """`node` and every node below it (parents precede children, so one pass finds them)."""
+        inside = [False] * len(self.tokens)
+        inside[node] = True
+        for i in range(node + 1, len(self.tokens)):
+            inside[i] = self.parents[i] >= 0 and inside[self.parents[i]]
+        return [i for i, x in enumerate(inside) if x]
+
+    def subset(self, keep) -> "DraftTree":
+        """The tree of the nodes in `keep` (closed under ancestors, the root among them),
+        renumbered in their order."""
+        kept = sorted(keep)
+        new_index = {old: new for new, old in enumerate(kept)}
+        return DraftTree(
+            tokens=[self.tokens[i] for i in kept],
+            parents=[-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in kept],
+            depths=[self.depths[i] for i in kept],
+            scores=[self.scores[i] for i in kept],
+        )
+
     def path_to(self, node: int) -> List[int]:
         path = []
         while node >= 0:
@@ -84,11 +104,4 @@ def select_best(candidates: DraftTree, budget: int) -> DraftTree:
         chain = [j for j in candidates.path_to(i) if j not in keep]
         if len(keep) + len(chain) <= budget:
             keep.update(chain)
-    kept = sorted(keep)  # parents precede children in the candidate order
-    new_index = {old: new for new, old in enumerate(kept)}
-    return DraftTree(
-        tokens=[candidates.tokens[i] for i in kept],
-        parents=[-1 if candidates.parents[i] < 0 else new_index[candidates.parents[i]] for i in kept],
-        depths=[candidates.depths[i] for i in kept],
-        scores=[candidates.scores[i] for i in kept],
-    )
+    return candidates.subset(keep)  # parents precede children in the candidate order

@@ -139,6 +139,12 @@ class ExpertStore:
         with self._cond:
             return sorted(s.expert for s in self._layers[layer].slots if s.state == RESIDENT)
 
+    def mapped(self, layer: int) -> List[int]:
+        """Experts of `layer` resident or on their way (a load queued or running), sorted:
+        a pass that needs them loads nothing more."""
+        with self._cond:
+            return sorted(self._layers[layer].where)
+
     def stats(self) -> StoreStats:
         with self._cond:
             return StoreStats(self.num_slots, {i: dataclasses.replace(lay.stats)

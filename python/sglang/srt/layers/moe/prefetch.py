@@ -185,6 +185,11 @@ class ExpertPredictor:
         expert for a likelier one (ExpertStore.prefetch_experts). Empty: keep_for rules."""
         return {}
 
+    def row_experts(self, ctx: StepContext) -> Optional[tuple]:
+        """(layers, [L, rows, E] bool): per row of the pass, the experts it is predicted to
+        be routed to, for predictors that route rows (None: this one does not)."""
+        return None
+
     def forget(self, rid: str) -> None:
         pass
 
@@ -325,10 +330,6 @@ class DraftPredictor(ExpertPredictor):
                 kept[e] = max(m, kept.get(e, m))
         return fetch
 
-    def _rank(self, residuals: Dict[int, torch.Tensor]) -> Dict[int, List[int]]:
-        layers = sorted(residuals)
-        return self._rank_stacked(layers, torch.stack([residuals[x] for x in layers]))
-
     def keep_for(self, layer: int) -> Set[int]:
         return set(self.keep.get(layer, ()))
 
@@ -357,13 +358,33 @@ class DraftPredictor(ExpertPredictor):
 
     def _route(self, ctx: StepContext) -> Dict[int, List[int]]:
         """Experts per layer for the context's tokens (read-only)."""
-        embs, bases = [], {layer: [] for layer in self.views}
+        layers, x = self._estimated_rows(ctx)
+        return self._rank_stacked(layers, x) if x is not None else {}
+
+    def _route_drafted(self, ctx: StepContext) -> Dict[int, List[int]]:
+        layers, x = self._drafted_rows(ctx)
+        return self._rank_stacked(layers, x) if x is not None else {}
+
+    def row_experts(self, ctx: StepContext) -> Optional[tuple]:
+        """(layers, [L, rows, E] bool): the experts each row of the pass is predicted to be
+        routed to (its top-k), from the draft's residuals where it has them, else the
+        estimate. What budget-aware trees price (speculative/expert_budget.py)."""
+        layers, x = self._drafted_rows(ctx) if self.drafted else self._estimated_rows(ctx)
+        if x is None or not layers:
+            return None
+        return layers, self.routers.chosen(layers, x)
+
+    def _estimated_rows(self, ctx: StepContext) -> tuple:
+        """(layers, rows [L, n, H]): each row's residual estimated from the request's latest
+        processed token (see the class docstring); None rows for an empty context."""
+        layers = sorted(self.views)
+        embs, bases = [], {layer: [] for layer in layers}
         with torch.no_grad():
             for rid, toks in zip(ctx.rids, ctx.tokens):
                 emb = self.embed.weight[torch.tensor(toks)]
                 embs.append(emb)
                 prev = self.state.get(rid)
-                for layer in self.views:
+                for layer in layers:
                     if prev is None or layer not in prev[1]:
                         bases[layer].append(torch.zeros_like(emb))
                     else:
@@ -371,14 +392,15 @@ class DraftPredictor(ExpertPredictor):
                         base = res[layer] - self.embed.weight[token].to(res[layer].dtype)
                         bases[layer].append(base.to(emb.dtype).expand_as(emb))
             if not embs:
-                return {}
+                return layers, None
             emb = torch.cat(embs)
-            return self._rank({layer: emb + torch.cat(bases[layer]) for layer in self.views})
+            return layers, torch.stack([emb + torch.cat(bases[layer]) for layer in layers])
 
-    def _route_drafted(self, ctx: StepContext) -> Dict[int, List[int]]:
-        """Every row of the pass from the draft's residuals: a token the draft computed as
-        it is, one it did not (the last level) from the request's latest draft residual with
-        the embeddings swapped (the estimate of _route, one token back instead of a step)."""
+    def _drafted_rows(self, ctx: StepContext) -> tuple:
+        """(layers, rows [L, n, H]) of the pass from the draft's residuals: a token the draft
+        computed as it is, one it did not (the last level) from the request's latest draft
+        residual with the embeddings swapped (the estimate of _estimated_rows, one token back
+        instead of a step)."""
         layers = self.hidden_layers
         emb = self.embed.weight
         rows: List[torch.Tensor] = []  # each [L, H]
@@ -396,8 +418,8 @@ class DraftPredictor(ExpertPredictor):
                     else:  # nothing drafted for this request: the embedding alone
                         rows.append(emb[tok].to(dtype).expand(len(layers), -1))
             if not rows:
-                return {}
-            return self._rank_stacked(layers, torch.stack(rows, dim=1))
+                return layers, None
+            return layers, torch.stack(rows, dim=1)
 
     def on_moe_input(self, layer, normed, residual, ctx) -> Dict[int, List[int]]:
         if self._rows and layer in self.views and residual.shape[0] == self._num_rows:
@@ -463,6 +485,9 @@ class EnsemblePredictor(ExpertPredictor):
             for e, v in m.scores_for(layer).items():
                 out[e] = max(v, out.get(e, v))
         return out
+
+    def row_experts(self, ctx):
+        return next((r for m in self.members if (r := m.row_experts(ctx)) is not None), None)
 
     def forget(self, rid):
         for m in self.members:

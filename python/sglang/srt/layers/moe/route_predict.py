@@ -144,6 +144,47 @@ class RouterStack:
         return self.rank_stacked(layers, torch.stack([residuals[x] for x in layers]), extra,
                                  keep_extra)
 
+    def _stacked_scores(self, stacked: List[int], layers: List[int],
+                        x: torch.Tensor) -> torch.Tensor:
+        """Router scores [len(stacked), n, E] of the rows x [len(layers), n, H] at the
+        `stacked` layers among `layers`, in one batched matmul."""
+        position = {layer: i for i, layer in enumerate(layers)}
+        if stacked != layers:
+            x = x.index_select(0, torch.tensor([position[y] for y in stacked]))
+        pick = None
+        if len(stacked) != len(self.stacked):
+            pick = torch.tensor([self._index[y] for y in stacked])
+        normed = self._normed(stacked, pick, x)
+        weight = self._weight(normed.dtype)
+        if pick is not None:
+            weight = weight.index_select(0, pick)
+        logits = torch.bmm(normed, weight.transpose(1, 2))  # [L, n, E]
+        bias = self._bias if self._bias is None or pick is None else self._bias[pick]
+        return _scores(logits, self.views[stacked[0]].gate, bias)
+
+    def chosen(self, layers: List[int], x: torch.Tensor) -> torch.Tensor:
+        """[len(layers), n, E] bool: the experts each row x [len(layers), n, H] would be
+        routed to (its top-k) at each layer; E is the largest expert count among them."""
+        num = max(self.views[layer].gate.weight.shape[0] for layer in layers)
+        out = torch.zeros(len(layers), x.shape[1], num, dtype=torch.bool)
+        if x.shape[1] == 0:
+            return out
+        with torch.no_grad():
+            for i, layer in enumerate(layers):
+                if layer in self.single:
+                    view = self.views[layer]
+                    top, _ = _route_top(view, x[i], view.top_k)
+                    out[i].scatter_(1, top.indices, True)
+            stacked = [layer for layer in self.stacked if layer in layers]
+            if stacked:
+                scores = self._stacked_scores(stacked, layers, x)
+                k = min(self.views[stacked[0]].top_k, scores.shape[-1])
+                idx = scores.topk(k, dim=-1).indices
+                rows = torch.tensor([layers.index(y) for y in stacked])
+                part = torch.zeros(len(stacked), x.shape[1], num, dtype=torch.bool)
+                out[rows] = part.scatter_(2, idx, True)
+        return out
+
     def rank_stacked(self, layers: List[int], x: torch.Tensor, extra: int, keep_extra: int
                      ) -> Tuple[Dict[int, List[int]], Dict[int, Dict[int, float]]]:
         """`rank` of rows already stacked: x [len(layers), n, H], row i of `layers`."""
@@ -162,18 +203,7 @@ class RouterStack:
                 keep[layer] = _masses(idx.reshape(1, -1), val.reshape(1, -1), num_experts)[0]
             if not stacked:
                 return fetch, keep
-            if stacked != layers:
-                x = x.index_select(0, torch.tensor([position[y] for y in stacked]))
-            pick = None
-            if len(stacked) != len(self.stacked):
-                pick = torch.tensor([self._index[y] for y in stacked])
-            normed = self._normed(stacked, pick, x)
-            weight = self._weight(normed.dtype)
-            if pick is not None:
-                weight = weight.index_select(0, pick)
-            logits = torch.bmm(normed, weight.transpose(1, 2))  # [L, n, E]
-            bias = self._bias if self._bias is None or pick is None else self._bias[pick]
-            scores = _scores(logits, self.views[stacked[0]].gate, bias)
+            scores = self._stacked_scores(stacked, layers, x)
             num_experts = scores.shape[-1]
             k = min(self.views[stacked[0]].top_k + extra, num_experts)
             wide = min(k + keep_extra, num_experts)
