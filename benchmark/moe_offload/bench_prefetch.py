@@ -118,8 +118,8 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
                    recall_ceiling=tot["recall_ceiling"], per_layer=figs["layers"])
         if "gate" in figs:
             out["gate"] = figs["gate"]
-        if "tree_budget" in figs:
-            out["tree_budget"] = figs["tree_budget"]
+        if sched.tree_budget is not None:
+            out["tree_budget"] = sched.tree_budget.to_dict()
     sched.abort("", "benchmark done")
     store.close()
     return out
