@@ -212,5 +212,13 @@ def test_scheduler_prunes_dear_branches_and_output_is_unchanged(tiny_moe_dir, to
     assert len(got["1"][0]) == n
     figs = sched.moe_state()["moe_prefetch"]["tree_budget"]
     assert figs["steps"] > 0 and figs["nodes_removed"] > 0 and figs["loads_saved"] > 0, figs
+    from sglang.srt.metrics.collector import TokenizerMetrics
+
+    metrics = TokenizerMetrics("tiny")
+    metrics.refresh(sched.moe_state())
+    text = metrics.render()[0].decode()
+    line = ('sglang:moe_tree_nodes_pruned{layer="all",model_name="tiny",predictor="draft"} '
+            f'{float(figs["nodes_removed"])}')
+    assert line in text
     sched.check_all_free()
     sched.runner.model.expert_store.close()

@@ -262,7 +262,10 @@ class Scheduler:
 
     def _prune_trees(self, plan: StepPlan) -> None:
         """Budget-aware trees (speculative/expert_budget.py): price each tree's branches by
-        the expert loads only they need, against the tokens they are expected to bring."""
+        the expert loads only they need, against the tokens they are expected to bring.
+        Not in a step with a prompt chunk: its rows route to most experts, which load anyway."""
+        if any(n > 1 and id(r) not in plan.trees for r, n in zip(plan.reqs, plan.num_tokens)):
+            return
         ctx = self._step_context(plan)
         got = self.prefetcher.predictor.row_experts(ctx)
         if got is None:

@@ -30,6 +30,8 @@ _MOE_GAUGES = {
     "prefetch_recall_ceiling": "Needed experts the fast tier's slots could hold at best.",
     "prefetch_gate_steps_on": "Decode steps the prefetch gate ran with prefetch (layer all).",
     "prefetch_gate_steps_off": "Decode steps the prefetch gate ran on-demand (layer all).",
+    "tree_nodes_pruned": "Draft nodes budget-aware trees dropped for their expert loads (layer all).",
+    "tree_loads_saved": "Expert loads the dropped draft nodes would have caused (layer all).",
 }
 
 # Generation throughput is averaged over this many recent seconds.
@@ -171,6 +173,9 @@ class TokenizerMetrics:
             if layer == "all" and "gate" in prefetch:
                 values["prefetch_gate_steps_on"] = prefetch["gate"]["steps_on"]
                 values["prefetch_gate_steps_off"] = prefetch["gate"]["steps_off"]
+            if layer == "all" and "tree_budget" in prefetch:
+                values["tree_nodes_pruned"] = prefetch["tree_budget"]["nodes_removed"]
+                values["tree_loads_saved"] = prefetch["tree_budget"]["loads_saved"]
             for key, value in values.items():
                 if value is not None:
                     self._moe[key].labels(self.model_name, layer, predictor).set(value)
