@@ -154,10 +154,21 @@ def main() -> None:
                          "between minutes here, so one run each ranks settings by luck)")
     args = ap.parse_args()
 
+    import ctypes
+    import gc
     import json
 
     import torch
     from transformers import AutoTokenizer
+
+    # Every setting loads the models anew. glibc raises its mmap threshold after the first
+    # large free, so later models land in the heap and the freed ones are never returned:
+    # the Qwen run grew to 24 GB and was killed. A fixed threshold (M_MMAP_THRESHOLD = -3)
+    # keeps large tensors mmapped, and a collect after each setting frees the cycles.
+    try:
+        ctypes.CDLL(None).mallopt(-3, 1 << 20)
+    except (OSError, AttributeError):
+        pass
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_moe import fixture_path
@@ -195,6 +206,7 @@ def main() -> None:
                 runs.setdefault(key, []).append(run_setting(
                     path, d, prompt, args.new_tokens, slots, pred, args.steps, args.dtype, keep,
                     gate, prune, args.topk, args.draft_tokens))
+                gc.collect()
         for key, rs in runs.items():
             r = sorted(rs, key=lambda x: x["tok_s"])[len(rs) // 2]
             r["slots"] = slots
