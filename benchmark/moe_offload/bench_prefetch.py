@@ -49,7 +49,7 @@ def draft_for(model: str) -> str:
 def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, slots: int,
                 predictor: str, steps: int, dtype: str, keep_width: int = 1,
                 gate: bool = False, prune: bool = False, topk: int = 1,
-                draft_tokens: Optional[int] = None) -> Dict[str, Any]:
+                draft_tokens: Optional[int] = None, route_map: bool = True) -> Dict[str, Any]:
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -66,6 +66,8 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
                   speculative_num_draft_tokens=draft_tokens,
                   speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
     sched = Scheduler(ServerArgs(**kw))
+    if not route_map and sched.spec is not None and sched.spec.kv_drafter is not None:
+        sched.spec.kv_drafter.on_catch_up = None  # a draft of another width: estimate only
     forward_times: List[float] = []
     inner = sched.runner.forward
 
@@ -120,6 +122,9 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
             out["gate"] = figs["gate"]
         if sched.tree_budget is not None:
             out["tree_budget"] = sched.tree_budget.to_dict()
+        rm = getattr(sched.prefetcher.predictor, "routemap", None)
+        if rm is not None:
+            out["route_map_samples"] = rm.samples
     sched.abort("", "benchmark done")
     store.close()
     return out
@@ -141,6 +146,9 @@ def main() -> None:
                     help="predictors also run with the prefetch gate on (the server default)")
     ap.add_argument("--prune-predictors", default="",
                     help="predictors also run with budget-aware trees (--moe-prefetch-prune-tree)")
+    ap.add_argument("--nomap-predictors", default="",
+                    help="predictors also run without the RoutingMap (a draft of another "
+                         "width then predicts from the embedding estimate only)")
     ap.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk (1: a chain)")
     ap.add_argument("--draft-tokens", type=int, default=None,
                     help="--speculative-num-draft-tokens (trees: nodes verified per step)")
@@ -188,24 +196,26 @@ def main() -> None:
     predictors = [p for p in args.predictors.split(",") if p]
     for frac in (float(f) for f in args.fractions.split(",")):
         slots = max(cfg.get("num_experts_per_tok", 2), round(num_experts * frac))
-        settings = [("plain", None, "none", 1, False, False),
-                    ("spec", draft, "none", 1, False, False)]
+        settings = [("plain", None, "none", 1, False, False, True),
+                    ("spec", draft, "none", 1, False, False, True)]
         for p in predictors:
             widths = ([int(w) for w in args.keep_widths.split(",")]
                       if p in ("draft", "ensemble") else [1])
             settings += [(f"spec+{p}" + ("" if w == 1 else f"/keep{w}"), draft, p, w, False,
-                          False) for w in widths]
-        settings += [(f"spec+{p}+gate", draft, p, 1, True, False)
+                          False, True) for w in widths]
+        settings += [(f"spec+{p}/nomap", draft, p, 1, False, False, False)
+                     for p in args.nomap_predictors.split(",") if p]
+        settings += [(f"spec+{p}+gate", draft, p, 1, True, False, True)
                      for p in args.gate_predictors.split(",") if p]
-        settings += [(f"spec+{p}+prune", draft, p, 1, False, True)
+        settings += [(f"spec+{p}+prune", draft, p, 1, False, True, True)
                      for p in args.prune_predictors.split(",") if p]
         runs: Dict[str, List[Dict[str, Any]]] = {}
         for _ in range(args.repeats):
-            for name, d, pred, keep, gate, prune in settings:
+            for name, d, pred, keep, gate, prune, route_map in settings:
                 key = f"{int(frac * 100)}% {name}"
                 runs.setdefault(key, []).append(run_setting(
                     path, d, prompt, args.new_tokens, slots, pred, args.steps, args.dtype, keep,
-                    gate, prune, args.topk, args.draft_tokens))
+                    gate, prune, args.topk, args.draft_tokens, route_map))
                 gc.collect()
         for key, rs in runs.items():
             r = sorted(rs, key=lambda x: x["tok_s"])[len(rs) // 2]
@@ -222,6 +232,8 @@ def main() -> None:
                 tb = r["tree_budget"]
                 fig += (f" pruned {tb['nodes_removed']} nodes in {tb['steps_pruned']}/"
                         f"{tb['steps']} steps (loads saved {tb['loads_saved']})")
+            if r.get("route_map_samples") is not None:
+                fig += f" route map samples {r['route_map_samples']}"
             if r.get("accept_length"):
                 fig += f" accept length {r['accept_length']:.2f}"
             verify = (f" verify {r['mean_verify_s'] * 1e3:.0f} ms, rest of step "

@@ -296,7 +296,7 @@ def test_draft_predictor_routes_the_drafts_own_residuals() -> None:
     """A draft as wide as the target hands its residual stream per layer: a token the draft
     computed is routed from its own residual (exactly the router's choice for it), one it
     did not (the tree's last level) from the latest drafted residual with the embeddings
-    swapped. A draft of another width is refused."""
+    swapped. A draft of another width goes through a RoutingMap (test_route_map.py)."""
     torch.manual_seed(0)
     hidden, experts = 16, 8
     gates = {}
@@ -306,8 +306,9 @@ def test_draft_predictor_routes_the_drafts_own_residuals() -> None:
     views = {layer: RouterView(layer, torch.nn.Identity(), g, top_k=2) for layer, g in gates.items()}
     embed = torch.nn.Embedding(50, hidden)
     pred = DraftPredictor(views, embed, width=0)
-    assert not pred.use_draft_hidden(hidden + 1, 2)
+    assert pred.use_draft_hidden(hidden + 1, 2) and pred.routemap is not None
     assert pred.use_draft_hidden(hidden, 2) and pred.layer_map == {0: 0, 1: 1}
+    assert pred.routemap is None
     pred.begin_step(StepContext(["a"], [[3]], [True]))
     assert pred.on_draft_level(StepContext(["a"], [[3, 7]], [True])) == {}  # no estimate
     res = {layer: torch.randn(2, hidden) for layer in (0, 1)}  # rows: root 3, node 7

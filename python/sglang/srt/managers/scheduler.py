@@ -85,6 +85,11 @@ class Scheduler:
                 cfg = drafter.runner.config
                 if self.prefetcher.use_draft_hidden(cfg.hidden_size, cfg.num_hidden_layers):
                     drafter.on_hidden = self.prefetcher.on_draft_hidden
+                if self.prefetcher.predictor.wants_catch_up():  # a draft of another width
+                    from sglang.srt.layers.moe.route_map import MAX_ROWS
+
+                    drafter.on_catch_up = self.prefetcher.predictor.on_draft_catch_up
+                    drafter.catch_up_limit = MAX_ROWS
         # --moe-prefetch-prune-tree: drop tree branches whose experts cost more than they bring
         self.tree_budget = None
         if getattr(server_args, "moe_prefetch_prune_tree", False) and self.prefetcher is not None:
@@ -302,7 +307,8 @@ class Scheduler:
             tokens.append(list(tree.tokens) if tree is not None
                           else req.fill_ids[req.kv_len : req.kv_len + n])
             is_tree.append(tree is not None)
-        return StepContext([r.rid for r in plan.reqs], tokens, is_tree)
+        return StepContext([r.rid for r in plan.reqs], tokens, is_tree,
+                           [r.kv_len for r in plan.reqs])
 
     def _admit(self) -> None:
         if not self.waiting:

@@ -57,6 +57,7 @@ class StepContext:
     rids: List[str]
     tokens: List[List[int]]  # per request: its rows' token ids (root + draft nodes for a tree)
     is_tree: List[bool]  # the request's rows are a draft tree (row 0 = its last token)
+    starts: Optional[List[int]] = None  # per request: the token index of its first row
 
 
 @dataclasses.dataclass
@@ -166,6 +167,16 @@ class ExpertPredictor:
                         hidden: Dict[int, torch.Tensor]) -> Dict[int, List[int]]:
         return {}
 
+    def wants_catch_up(self) -> bool:
+        """Does this predictor learn from the draft's catch-up residuals (on_draft_catch_up:
+        rows (rid, token index) the draft read)?"""
+        return False
+
+    def on_draft_catch_up(self, rids: List[str], indices: List[int],
+                          hidden: Dict[int, torch.Tensor]) -> bool:
+        """Returns whether it wants more."""
+        return False
+
     def on_moe_input(self, layer: int, normed: torch.Tensor, residual: torch.Tensor,
                      ctx: Optional[StepContext]) -> Dict[int, List[int]]:
         return {}
@@ -274,6 +285,9 @@ class DraftPredictor(ExpertPredictor):
         self.drafted: Dict[str, Dict[int, torch.Tensor]] = {}
         self.latest: Dict[str, tuple] = {}  # rid -> (token, [L, H]) of its latest drafted row
         self.hidden_layers: List[int] = []  # the target layers the draft's residuals cover
+        # A draft of another width: its residuals reach the routers through a learned map.
+        self.routemap = None  # route_map.RoutingMap
+        self._map_rows: Optional[tuple] = None  # (row index, rows in the pass) to log
 
     def use_draft_hidden(self, hidden_size: int, num_layers: int) -> bool:
         """A draft of the target's width reads, at each layer, a residual stream the
@@ -281,13 +295,35 @@ class DraftPredictor(ExpertPredictor):
         upcycled from the draft, an EAGLE head on the target's features): offline on the
         SmolLM2 pair, 0.955 of each token's top-2 experts per layer from the draft's own
         residual, 0.995 with one more (1.5x), against 0.48 from the estimate below. Layers
-        are matched by depth fraction."""
-        if hidden_size != self.embed.weight.shape[1] or num_layers < 1:
+        are matched by depth fraction. A draft of another width reads the same way through
+        a RoutingMap (route_map.py) learned online from the server's own prefills; until it
+        has enough samples the estimate below stands in."""
+        if num_layers < 1 or not self.views:
             return False
-        last = max(self.views) if self.views else 0
+        last = max(self.views)
         self.layer_map = {layer: round(layer * (num_layers - 1) / max(1, last))
                           for layer in self.views}
+        self.routemap = None
+        if hidden_size != self.embed.weight.shape[1]:
+            from sglang.srt.layers.moe.route_map import RoutingMap
+
+            first = self.views[min(self.views)]
+            self.routemap = RoutingMap(sorted(self.views), self.layer_map, hidden_size,
+                                       first.gate.weight.shape[0])
         return True
+
+    def _reads_draft(self) -> bool:
+        """Predict from the draft's residuals (same width, or a map that has learned)."""
+        return bool(self.layer_map) and (self.routemap is None or self.routemap.ready)
+
+    def wants_catch_up(self) -> bool:
+        return self.routemap is not None
+
+    def on_draft_catch_up(self, rids, indices, hidden) -> bool:
+        if self.routemap is None or not self.routemap.collecting:
+            return False
+        self.routemap.note_draft(rids, indices, hidden)
+        return self.routemap.collecting
 
     def begin_step(self, ctx: StepContext) -> Dict[int, List[int]]:
         """Each request's last token (a tree's root) is the pass's first row: its experts can
@@ -300,7 +336,7 @@ class DraftPredictor(ExpertPredictor):
         computes its next levels: their loads overlap the draft's remaining forwards, where
         issued at before_verify they overlapped only the verify itself. With the draft's own
         residuals coming (on_draft_hidden), the estimate would only add over-fetch."""
-        return {} if self.layer_map else self._route(ctx)
+        return {} if self._reads_draft() else self._route(ctx)
 
     def on_draft_hidden(self, rids, tokens, hidden) -> Dict[int, List[int]]:
         """Rows the draft just computed (roots, or a level's nodes): route each target layer
@@ -316,12 +352,17 @@ class DraftPredictor(ExpertPredictor):
             res = stack[:, row]
             self.drafted.setdefault(rid, {})[token] = res
             self.latest[rid] = (token, res)
-        return self._rank_stacked(layers, stack)
+        return self._rank_stacked(layers, stack, drafted=True) if self._reads_draft() else {}
 
-    def _rank_stacked(self, layers: List[int], stack: torch.Tensor) -> Dict[int, List[int]]:
-        """Route rows [L, n, H] of `layers`; remember what to keep from eviction until each
-        layer runs."""
-        fetch, keep = self.routers.rank_stacked(layers, stack, self.width, self.keep_width)
+    def _rank_stacked(self, layers: List[int], stack: torch.Tensor,
+                      drafted: bool = False) -> Dict[int, List[int]]:
+        """Route rows [L, n, H] of `layers` (`drafted`: the draft's own rows); remember what
+        to keep from eviction until each layer runs."""
+        if drafted and self.routemap is not None:  # another width: mapped logits
+            scores = self._mapped_scores(layers, stack)
+            fetch, keep = self.routers.rank_scores(layers, scores, self.width, self.keep_width)
+        else:
+            fetch, keep = self.routers.rank_stacked(layers, stack, self.width, self.keep_width)
         for layer, masses in keep.items():
             # hooks route growing sets of the pass's rows (roots, levels, all): the largest
             # mass seen is the one of the most rows
@@ -329,6 +370,19 @@ class DraftPredictor(ExpertPredictor):
             for e, m in masses.items():
                 kept[e] = max(m, kept.get(e, m))
         return fetch
+
+    def _mapped_scores(self, layers: List[int], stack: torch.Tensor) -> torch.Tensor:
+        """Router scores [L, n, E] the RoutingMap predicts from draft rows [L, n, H_draft]
+        (`layers`: a subset of the map's, in its order)."""
+        rm = self.routemap
+        if layers != rm.layers:
+            full = torch.zeros(len(rm.layers), *stack.shape[1:], dtype=stack.dtype)
+            pos = torch.tensor([rm.layers.index(x) for x in layers])
+            full[pos] = stack
+            logits = rm.logits(full).index_select(0, pos)
+        else:
+            logits = rm.logits(stack)
+        return self.routers.scores_of(layers, logits)
 
     def keep_for(self, layer: int) -> Set[int]:
         return set(self.keep.get(layer, ()))
@@ -343,7 +397,9 @@ class DraftPredictor(ExpertPredictor):
         if len(self.state) > 2 * len(ctx.rids) + 64:  # aborted requests never say goodbye
             live = set(ctx.rids)
             self.state = {rid: s for rid, s in self.state.items() if rid in live}
-        out = self._route_drafted(ctx) if self.drafted else self._route(ctx)
+        out = self._route_drafted(ctx) if self.drafted and self._reads_draft() else \
+            self._route(ctx)
+        self._log_target_rows(ctx)
         rows, row = [], 0
         for rid, toks, tree in zip(ctx.rids, ctx.tokens, ctx.is_tree):
             keep = row if tree else row + len(toks) - 1  # a tree's root is always kept
@@ -363,15 +419,18 @@ class DraftPredictor(ExpertPredictor):
 
     def _route_drafted(self, ctx: StepContext) -> Dict[int, List[int]]:
         layers, x = self._drafted_rows(ctx)
-        return self._rank_stacked(layers, x) if x is not None else {}
+        return self._rank_stacked(layers, x, drafted=True) if x is not None else {}
 
     def row_experts(self, ctx: StepContext) -> Optional[tuple]:
         """(layers, [L, rows, E] bool): the experts each row of the pass is predicted to be
         routed to (its top-k), from the draft's residuals where it has them, else the
         estimate. What budget-aware trees price (speculative/expert_budget.py)."""
-        layers, x = self._drafted_rows(ctx) if self.drafted else self._estimated_rows(ctx)
+        drafted = bool(self.drafted) and self._reads_draft()
+        layers, x = self._drafted_rows(ctx) if drafted else self._estimated_rows(ctx)
         if x is None or not layers:
             return None
+        if drafted and self.routemap is not None:
+            return layers, self.routers.chosen_scores(layers, self._mapped_scores(layers, x))
         return layers, self.routers.chosen(layers, x)
 
     def _estimated_rows(self, ctx: StepContext) -> tuple:
@@ -413,6 +472,8 @@ class DraftPredictor(ExpertPredictor):
                     res = seen.get(tok)
                     if res is not None:
                         rows.append(res)
+                    elif latest is not None and self.routemap is not None:
+                        rows.append(latest[1])  # another width: one token back, as it is
                     elif latest is not None:  # one token back, embeddings swapped
                         rows.append(latest[1] - emb[latest[0]].to(dtype) + emb[tok].to(dtype))
                     else:  # nothing drafted for this request: the embedding alone
@@ -421,7 +482,34 @@ class DraftPredictor(ExpertPredictor):
                 return layers, None
             return layers, torch.stack(rows, dim=1)
 
+    def _log_target_rows(self, ctx: StepContext) -> None:
+        """RoutingMap samples: the rows of this pass that are prompt or plain decode tokens
+        (not draft trees), at most the map's per-request cap each."""
+        rm = self.routemap
+        self._map_rows = None
+        if rm is None or not rm.collecting or ctx.starts is None:
+            return
+        entries, index, offsets, row = [], [], [], 0
+        for rid, toks, tree, start in zip(ctx.rids, ctx.tokens, ctx.is_tree, ctx.starts):
+            n = 0 if tree else min(len(toks), max(0, rm.max_rows - start))
+            if n:
+                entries.append((rid, start, n))
+                offsets.append(len(index))
+                index.extend(range(row, row + n))
+            row += len(toks)
+        if entries:
+            self._map_rows = (torch.tensor(index), row, offsets)
+        rm.begin_pass(entries)
+
     def on_moe_input(self, layer, normed, residual, ctx) -> Dict[int, List[int]]:
+        if self._map_rows is not None and layer in self.views:
+            index, total, offsets = self._map_rows
+            if normed.shape[0] == total:
+                with torch.no_grad():
+                    rows = normed.index_select(0, index)
+                    logits = torch.nn.functional.linear(
+                        rows, self.views[layer].gate.weight.to(rows.dtype))
+                self.routemap.note_logits(layer, logits, offsets)
         if self._rows and layer in self.views and residual.shape[0] == self._num_rows:
             for rid, row in self._rows:
                 self.state[rid][1][layer] = residual[row].detach().clone()
@@ -431,6 +519,8 @@ class DraftPredictor(ExpertPredictor):
         self.state.pop(rid, None)
         self.drafted.pop(rid, None)
         self.latest.pop(rid, None)
+        if self.routemap is not None:
+            self.routemap.forget(rid)
 
 
 class EnsemblePredictor(ExpertPredictor):
@@ -468,6 +558,12 @@ class EnsemblePredictor(ExpertPredictor):
 
     def on_draft_hidden(self, rids, tokens, hidden):
         return self._merge([m.on_draft_hidden(rids, tokens, hidden) for m in self.members])
+
+    def wants_catch_up(self):
+        return any(m.wants_catch_up() for m in self.members)
+
+    def on_draft_catch_up(self, rids, indices, hidden):
+        return any([m.on_draft_catch_up(rids, indices, hidden) for m in self.members])
 
     def on_moe_input(self, layer, normed, residual, ctx):
         return self._merge([m.on_moe_input(layer, normed, residual, ctx) for m in self.members])

@@ -204,16 +204,37 @@ class RouterStack:
             if not stacked:
                 return fetch, keep
             scores = self._stacked_scores(stacked, layers, x)
+        more_fetch, more_keep = self.rank_scores(stacked, scores, extra, keep_extra)
+        fetch.update(more_fetch)
+        keep.update(more_keep)
+        return fetch, keep
+
+    def scores_of(self, layers: List[int], logits: torch.Tensor) -> torch.Tensor:
+        """Router scores [L, n, E] (what top-k picks from) of router logits [L, n, E]
+        predicted some other way (route_map.RoutingMap)."""
+        return torch.stack([_scores(logits[i], self.views[layer].gate,
+                                    getattr(self.views[layer].gate, "e_score_correction_bias",
+                                            None))
+                            for i, layer in enumerate(layers)])
+
+    def rank_scores(self, layers: List[int], scores: torch.Tensor, extra: int, keep_extra: int
+                    ) -> Tuple[Dict[int, List[int]], Dict[int, Dict[int, float]]]:
+        """fetch / keep (as `rank`) from router scores [len(layers), n, E] of layers with
+        one top-k and expert count."""
+        with torch.no_grad():
             num_experts = scores.shape[-1]
-            k = min(self.views[stacked[0]].top_k + extra, num_experts)
+            k = min(self.views[layers[0]].top_k + extra, num_experts)
             wide = min(k + keep_extra, num_experts)
             top = scores.topk(wide, dim=-1)  # sorted: the first k are the fetch top-k
             idx, val = top.indices, top.values
-            n = len(stacked)
+            n = len(layers)
             ranked = _ranked(idx[..., :k].reshape(n, -1), val[..., :k].reshape(n, -1),
                              num_experts)
             kept = _masses(idx.reshape(n, -1), val.reshape(n, -1), num_experts)
-        for i, layer in enumerate(stacked):
-            fetch[layer] = ranked[i]
-            keep[layer] = kept[i]
-        return fetch, keep
+        return dict(zip(layers, ranked)), dict(zip(layers, kept))
+
+    def chosen_scores(self, layers: List[int], scores: torch.Tensor) -> torch.Tensor:
+        """[L, n, E] bool: each row's top-k of router scores [L, n, E]."""
+        k = min(self.views[layers[0]].top_k, scores.shape[-1])
+        idx = scores.topk(k, dim=-1).indices
+        return torch.zeros(scores.shape, dtype=torch.bool).scatter_(2, idx, True)

@@ -83,6 +83,14 @@ class StandaloneDrafter(Drafter):
         # residual stream the draft shares routes them as they are, not estimated.
         self.on_hidden: Optional[Callable[[List[str], List[int], Dict[int, torch.Tensor]],
                                           None]] = None
+        # Told (rids, token indices, {draft layer: residual [rows, H]}) for every token a
+        # catch-up reads: a target prefetch predictor of another width learns from them
+        # (layers/moe/route_map.py).
+        # It returns whether it wants more; only tokens at indices below catch_up_limit
+        # are told (the map learns from the starts of prompts).
+        self.on_catch_up: Optional[Callable[[List[str], List[int], Dict[int, torch.Tensor]],
+                                            bool]] = None
+        self.catch_up_limit = 512
         # (tokens read, requests) by the latest propose's catch-up, for the cost model
         self.last_backlog: Tuple[int, int] = (0, 0)
         # (tokens computed, seconds) by the latest catch-up (pieces and chunks)
@@ -241,10 +249,13 @@ class StandaloneDrafter(Drafter):
         A separate forward per refresh cost a whole extra pass over the draft's weights."""
         ids: List[int] = []
         pos, locs, kv_idx, seq_lens, ext, rows, last = [], [], [], [], [], [], []
+        read: Tuple[List[str], List[int]] = ([], [])  # (rid, token index) per piece row
         for i, r, ctx, piece, final in batch:
             view = self.kv.view(ctx)
             kv_idx.append(torch.cat([view, piece.slots]))  # new tokens last: causal mask
             ids += tokens[i][piece.start: piece.start + piece.n]
+            read[0].extend([r.rid] * piece.n)
+            read[1].extend(range(piece.start, piece.start + piece.n))
             pos.append(piece.positions)
             locs.append(piece.slots)
             seq_lens.append(len(view) + piece.n)
@@ -264,7 +275,7 @@ class StandaloneDrafter(Drafter):
         fb = self._batch([b[1] for b in batch] + [j[0] for j in jobs], ids, torch.cat(pos),
                          seq_lens, ext, torch.cat(locs), rows, kv_indices=kv_idx)
         roots = [b[1].rid for b in batch if b[4]]
-        out = self._forward_telling(fb, roots, [ids[k] for k in rows], rows)
+        out = self._forward_telling(fb, roots, [ids[k] for k in rows], rows, read)
         queries = self.recorder.take()  # [len(batch), layers, heads, head_dim] or None
         for k, (i, _, ctx, piece, _) in enumerate(batch):
             self.kv.commit(ctx, piece, tokens[i])
@@ -338,17 +349,35 @@ class StandaloneDrafter(Drafter):
         return split
 
     def _forward_telling(self, fb: ForwardBatch, rids: List[str], tokens: List[int],
-                         rows: List[int]) -> torch.Tensor:
+                         rows: List[int], read: Optional[Tuple[List[str], List[int]]] = None
+                         ) -> torch.Tensor:
         """runner.forward; with `on_hidden` set, also hand it each layer's residual stream at
-        `rows` (the proposal's roots or nodes: what the target's routers will read)."""
-        if self.on_hidden is None or not rows:
+        `rows` (the proposal's roots or nodes: what the target's routers will read); with
+        `on_catch_up` set, the residuals of the first len(read[0]) rows (a catch-up's
+        tokens: read = (rid, token index) per row)."""
+        tell = self.on_hidden is not None and bool(rows)
+        learn_rows = ([j for j, t in enumerate(read[1]) if t < self.catch_up_limit]
+                      if self.on_catch_up is not None and read else [])
+        if not tell and not learn_rows:
             return self.runner.forward(fb)
         index = torch.tensor(rows, dtype=torch.int64)
+        learn = torch.tensor(learn_rows, dtype=torch.int64)
         hidden: Dict[int, torch.Tensor] = {}
-        fb.residual_hook = lambda layer, residual: hidden.__setitem__(
-            layer, residual.index_select(0, index))  # a copy: later layers add in place
+        pieces: Dict[int, torch.Tensor] = {}
+
+        def hook(layer: int, residual: torch.Tensor) -> None:  # copies: layers add in place
+            if tell:
+                hidden[layer] = residual.index_select(0, index)
+            if learn_rows:
+                pieces[layer] = residual.index_select(0, learn)
+
+        fb.residual_hook = hook
         out = self.runner.forward(fb)
-        self.on_hidden(rids, tokens, hidden)
+        if learn_rows and not self.on_catch_up([read[0][j] for j in learn_rows],
+                                               [read[1][j] for j in learn_rows], pieces):
+            self.on_catch_up = None  # it has learned all it will
+        if tell:
+            self.on_hidden(rids, tokens, hidden)
         return out
 
     def _batch(self, reqs, ids: List[int], pos: torch.Tensor, seq_lens: List[int],
