@@ -4,6 +4,7 @@ narrower dense draft for a tiny MoE, the output is unchanged and the map learns.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sglang.srt.layers.moe.prefetch import DraftPredictor, RouterView, StepContext
@@ -97,8 +98,9 @@ def test_a_narrower_draft_predicts_through_the_map_once_it_has_learned() -> None
     assert rows is not None and rows[1].shape == (2, 2, E) and int(rows[1].sum()) == 8
 
 
+@pytest.mark.parametrize("predictor", ["draft", "ensemble"])
 def test_scheduler_with_a_narrower_draft_learns_the_map_and_changes_nothing(
-        tiny_moe_dir, tmp_path) -> None:
+        tiny_moe_dir, tmp_path, predictor) -> None:
     from sglang.test.fixtures import build_tiny_model
 
     target = tiny_moe_dir("qwen2_moe")
@@ -108,10 +110,12 @@ def test_scheduler_with_a_narrower_draft_learns_the_map_and_changes_nothing(
     ref_sched = make_scheduler(target)
     ref = run(ref_sched, prompts, [greedy(10), greedy(10)])
     ref_sched.check_all_free()
-    sched = make_scheduler(target, moe_expert_cache_slots=2, moe_prefetch_predictor="draft",
+    sched = make_scheduler(target, moe_expert_cache_slots=2, moe_prefetch_predictor=predictor,
                            moe_prefetch_disable_gate=True, speculative_algorithm="STANDALONE",
-                           speculative_draft_model_path=draft, speculative_num_steps=3)
-    rm = sched.prefetcher.predictor.routemap
+                           speculative_draft_model_path=draft, speculative_num_steps=3,
+                           moe_prefetch_prune_tree=True)
+    pred = sched.prefetcher.predictor
+    rm = (pred if predictor == "draft" else pred.members[0]).routemap
     assert rm is not None and sched.spec.kv_drafter.on_catch_up is not None
     got = run(sched, prompts, [greedy(10), greedy(10)])
     for rid in ref:
@@ -119,6 +123,7 @@ def test_scheduler_with_a_narrower_draft_learns_the_map_and_changes_nothing(
     # every prompt token the target prefilled and the draft read is a sample
     assert rm.samples >= sum(len(p) for p in prompts) - len(prompts), rm.samples
     assert rm.ready
+    assert sched.moe_state()["moe_prefetch"]["tree_budget"]["steps"] > 0  # trees were priced
     sched.check_all_free()
     assert not rm._pending  # finished requests leave nothing behind
     sched.runner.model.expert_store.close()
