@@ -337,11 +337,14 @@ def moe_prefetch_checks() -> None:
         traceback.print_exc()
         row("moe prefetch: all-resident reference", "ERROR", note=f"{type(e).__name__}: {e}"[:120])
         return
-    for pred in ("none", "draft"):
+    # draft+prune: budget-aware trees price every tree on the device's tensors
+    for arm in ("none", "draft", "draft+prune"):
+        pred = arm.split("+")[0]
         try:
             sched = _sched(model_dir, dev, "float32", attention_backend=backend,
                            moe_expert_cache_slots=4, moe_prefetch_predictor=pred,
-                           moe_prefetch_disable_gate=True, **spec)
+                           moe_prefetch_disable_gate=True,
+                           moe_prefetch_prune_tree=arm.endswith("prune"), **spec)
             verify = []
             inner = sched.runner.forward
 
@@ -366,11 +369,11 @@ def moe_prefetch_checks() -> None:
                     f"{1e3 * sum(verify) / max(1, len(verify)):.1f} ms, stall "
                     f"{store['stall_seconds']:.2f} s, hit {store['hit_rate']:.2f}"
                     + (f", recall {figs['recall']:.2f}" if "recall" in figs else ""))
-            row(f"moe prefetch {pred}, 4 of 8 experts resident, fp32 spec chain 3",
+            row(f"moe prefetch {arm}, 4 of 8 experts resident, fp32 spec chain 3",
                 "PASS" if same == len(ref) else "FAIL", note=note)
         except Exception as e:
             traceback.print_exc()
-            row(f"moe prefetch {pred}", "ERROR", note=f"{type(e).__name__}: {e}"[:120])
+            row(f"moe prefetch {arm}", "ERROR", note=f"{type(e).__name__}: {e}"[:120])
 
 
 def print_table(pytest_summary: str) -> None:

@@ -275,7 +275,8 @@ class Scheduler:
         got = self.prefetcher.predictor.row_experts(ctx)
         if got is None:
             return
-        layers, chosen = got  # [L, rows, E]
+        layers, chosen = got
+        chosen = chosen.cpu()  # [L, rows, E]: the pricing is host-side bookkeeping
         fixed = torch.zeros(chosen.shape[0], chosen.shape[2], dtype=torch.bool)
         for i, layer in enumerate(layers):  # resident or loading: no load to price
             fixed[i, self.prefetcher.store.mapped(layer)] = True

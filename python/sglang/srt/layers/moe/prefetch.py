@@ -376,8 +376,9 @@ class DraftPredictor(ExpertPredictor):
         (`layers`: a subset of the map's, in its order)."""
         rm = self.routemap
         if layers != rm.layers:
-            full = torch.zeros(len(rm.layers), *stack.shape[1:], dtype=stack.dtype)
-            pos = torch.tensor([rm.layers.index(x) for x in layers])
+            full = torch.zeros(len(rm.layers), *stack.shape[1:], dtype=stack.dtype,
+                               device=stack.device)
+            pos = torch.tensor([rm.layers.index(x) for x in layers], device=stack.device)
             full[pos] = stack
             logits = rm.logits(full).index_select(0, pos)
         else:
@@ -506,7 +507,7 @@ class DraftPredictor(ExpertPredictor):
             index, total, offsets = self._map_rows
             if normed.shape[0] == total:
                 with torch.no_grad():
-                    rows = normed.index_select(0, index)
+                    rows = normed.index_select(0, index.to(normed.device))
                     logits = torch.nn.functional.linear(
                         rows, self.views[layer].gate.weight.to(rows.dtype))
                 self.routemap.note_logits(layer, logits, offsets)

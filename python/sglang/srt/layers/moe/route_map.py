@@ -69,7 +69,7 @@ class RoutingMap:
         if self._pass is None or layer not in self._xty:
             return
         rows, got = self._pass
-        got[layer] = logits.detach().float()
+        got[layer] = logits.detach().float().cpu()  # the sums and solves live on the host
         if len(got) < len(self.layers):
             return
         self._pass = None  # every layer seen: file the rows under their requests
@@ -94,7 +94,8 @@ class RoutingMap:
         index = torch.tensor([i for i, _ in picks])
         y = torch.stack([t for _, t in picks])  # [n, L, E]
         for d in self._xtx:
-            x = self._features(hidden[d].index_select(0, index))
+            h = hidden[d]
+            x = self._features(h.index_select(0, index.to(h.device)).float().cpu())
             self._xtx[d] += x.T @ x
             self._xty_for(d, x, y)
         self.samples += len(picks)
@@ -130,7 +131,10 @@ class RoutingMap:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [L, n, H_draft] (row j: the draft layer of self.layers[j]) -> predicted
         router logits [L, n, E]."""
-        x = torch.cat([hidden.float(), torch.ones(*hidden.shape[:2], 1)], dim=2)
+        x = torch.cat([hidden.float(), torch.ones(*hidden.shape[:2], 1, device=hidden.device)],
+                      dim=2)
+        if self.weight.device != hidden.device:  # a GPU draft: keep a copy beside it
+            self.weight = self.weight.to(hidden.device)
         return torch.bmm(x, self.weight)
 
     def forget(self, rid: str) -> None:

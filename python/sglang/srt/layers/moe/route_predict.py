@@ -166,7 +166,7 @@ class RouterStack:
         """[len(layers), n, E] bool: the experts each row x [len(layers), n, H] would be
         routed to (its top-k) at each layer; E is the largest expert count among them."""
         num = max(self.views[layer].gate.weight.shape[0] for layer in layers)
-        out = torch.zeros(len(layers), x.shape[1], num, dtype=torch.bool)
+        out = torch.zeros(len(layers), x.shape[1], num, dtype=torch.bool, device=x.device)
         if x.shape[1] == 0:
             return out
         with torch.no_grad():
@@ -180,8 +180,9 @@ class RouterStack:
                 scores = self._stacked_scores(stacked, layers, x)
                 k = min(self.views[stacked[0]].top_k, scores.shape[-1])
                 idx = scores.topk(k, dim=-1).indices
-                rows = torch.tensor([layers.index(y) for y in stacked])
-                part = torch.zeros(len(stacked), x.shape[1], num, dtype=torch.bool)
+                rows = torch.tensor([layers.index(y) for y in stacked], device=x.device)
+                part = torch.zeros(len(stacked), x.shape[1], num, dtype=torch.bool,
+                                   device=x.device)
                 out[rows] = part.scatter_(2, idx, True)
         return out
 
@@ -237,4 +238,5 @@ class RouterStack:
         """[L, n, E] bool: each row's top-k of router scores [L, n, E]."""
         k = min(self.views[layers[0]].top_k, scores.shape[-1])
         idx = scores.topk(k, dim=-1).indices
-        return torch.zeros(scores.shape, dtype=torch.bool).scatter_(2, idx, True)
+        return torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(
+            2, idx, True)

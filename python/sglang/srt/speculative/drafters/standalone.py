@@ -367,9 +367,9 @@ class StandaloneDrafter(Drafter):
 
         def hook(layer: int, residual: torch.Tensor) -> None:  # copies: layers add in place
             if tell:
-                hidden[layer] = residual.index_select(0, index)
+                hidden[layer] = residual.index_select(0, index.to(residual.device))
             if learn_rows:
-                pieces[layer] = residual.index_select(0, learn)
+                pieces[layer] = residual.index_select(0, learn.to(residual.device))
 
         fb.residual_hook = hook
         out = self.runner.forward(fb)
