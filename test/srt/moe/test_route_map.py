@@ -34,7 +34,7 @@ def test_the_map_learns_a_linear_routing_and_stops_at_its_caps() -> None:
     h = {d: torch.randn(80, DRAFT_H, generator=g) for d in (0, 1)}
     rm.begin_pass([("a", 0, 80)])  # 80 prompt rows, the cap keeps the first 60
     for layer in (0, 1):
-        rm.note_logits(layer, logits(layer, h[layer]), [0])
+        rm.note_logits(layer, logits(layer, h[layer]))
     assert not rm.ready and len(rm._pending["a"]) == 60
     rm.note_draft(["a"] * 20, list(range(20)), {d: x[:20] for d, x in h.items()})
     assert rm.samples == 20 and not rm.ready  # below min_samples
@@ -48,7 +48,7 @@ def test_the_map_learns_a_linear_routing_and_stops_at_its_caps() -> None:
     # a second prompt passes max_samples: the map stops collecting
     rm.begin_pass([("b", 0, 50)])
     for layer in (0, 1):
-        rm.note_logits(layer, logits(layer, h[layer][:50]), [0])
+        rm.note_logits(layer, logits(layer, h[layer][:50]))
     rm.note_draft(["b"] * 50, list(range(50)), {d: x[:50] for d, x in h.items()})
     assert rm.samples == 110 and not rm.collecting
     rm.begin_pass([("c", 0, 5)])

@@ -23,6 +23,7 @@ what a tensor holds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -44,10 +45,7 @@ def is_expert_tensor(name: str) -> bool:
 
 def aligned_empty(shape, dtype: torch.dtype, align: int = ALIGN) -> torch.Tensor:
     """An uninitialised CPU tensor whose data starts on an `align`-byte boundary."""
-    numel = 1
-    for s in shape:
-        numel *= int(s)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(int(s) for s in shape) * torch.empty((), dtype=dtype).element_size()
     raw = torch.empty(nbytes + align, dtype=torch.uint8)
     skip = (-raw.data_ptr()) % align
     return raw[skip : skip + nbytes].view(dtype).view(tuple(shape))

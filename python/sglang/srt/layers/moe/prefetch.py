@@ -374,16 +374,7 @@ class DraftPredictor(ExpertPredictor):
     def _mapped_scores(self, layers: List[int], stack: torch.Tensor) -> torch.Tensor:
         """Router scores [L, n, E] the RoutingMap predicts from draft rows [L, n, H_draft]
         (`layers`: a subset of the map's, in its order)."""
-        rm = self.routemap
-        if layers != rm.layers:
-            full = torch.zeros(len(rm.layers), *stack.shape[1:], dtype=stack.dtype,
-                               device=stack.device)
-            pos = torch.tensor([rm.layers.index(x) for x in layers], device=stack.device)
-            full[pos] = stack
-            logits = rm.logits(full).index_select(0, pos)
-        else:
-            logits = rm.logits(stack)
-        return self.routers.scores_of(layers, logits)
+        return self.routers.scores_of(layers, self.routemap.logits(stack, layers))
 
     def keep_for(self, layer: int) -> Set[int]:
         return set(self.keep.get(layer, ()))
@@ -490,27 +481,26 @@ class DraftPredictor(ExpertPredictor):
         self._map_rows = None
         if rm is None or not rm.collecting or ctx.starts is None:
             return
-        entries, index, offsets, row = [], [], [], 0
+        entries, index, row = [], [], 0
         for rid, toks, tree, start in zip(ctx.rids, ctx.tokens, ctx.is_tree, ctx.starts):
             n = 0 if tree else min(len(toks), max(0, rm.max_rows - start))
             if n:
                 entries.append((rid, start, n))
-                offsets.append(len(index))
                 index.extend(range(row, row + n))
             row += len(toks)
         if entries:
-            self._map_rows = (torch.tensor(index), row, offsets)
+            self._map_rows = (torch.tensor(index), row)
         rm.begin_pass(entries)
 
     def on_moe_input(self, layer, normed, residual, ctx) -> Dict[int, List[int]]:
         if self._map_rows is not None and layer in self.views:
-            index, total, offsets = self._map_rows
+            index, total = self._map_rows
             if normed.shape[0] == total:
                 with torch.no_grad():
                     rows = normed.index_select(0, index.to(normed.device))
                     logits = torch.nn.functional.linear(
                         rows, self.views[layer].gate.weight.to(rows.dtype))
-                self.routemap.note_logits(layer, logits, offsets)
+                self.routemap.note_logits(layer, logits)
         if self._rows and layer in self.views and residual.shape[0] == self._num_rows:
             for rid, row in self._rows:
                 self.state[rid][1][layer] = residual[row].detach().clone()

@@ -63,9 +63,8 @@ class RoutingMap:
         trees, are left out by the caller)."""
         self._pass = (rows, {}) if rows and self.collecting else None
 
-    def note_logits(self, layer: int, logits: torch.Tensor, offsets: List[int]) -> None:
-        """Layer `layer`'s router logits [rows, E] of the running pass; offsets[i] is the
-        first row of begin_pass's i-th entry."""
+    def note_logits(self, layer: int, logits: torch.Tensor) -> None:
+        """Layer `layer`'s router logits [rows, E] of begin_pass's rows, entry after entry."""
         if self._pass is None or layer not in self._xty:
             return
         rows, got = self._pass
@@ -74,12 +73,14 @@ class RoutingMap:
             return
         self._pass = None  # every layer seen: file the rows under their requests
         stack = torch.stack([got[x] for x in self.layers], dim=1)  # [rows, L, E]
-        for (rid, start, n), off in zip(rows, offsets):
+        off = 0
+        for rid, start, n in rows:
             pending = self._pending.setdefault(rid, {})
             for i in range(n):
                 if len(pending) >= self.max_rows:
                     break
                 pending[start + i] = stack[off + i]
+            off += n
 
     # ---- the draft's side ------------------------------------------------------------------
 
@@ -128,14 +129,17 @@ class RoutingMap:
 
     # ---- prediction -------------------------------------------------------------------------
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [L, n, H_draft] (row j: the draft layer of self.layers[j]) -> predicted
-        router logits [L, n, E]."""
+    def logits(self, hidden: torch.Tensor, layers: Optional[List[int]] = None) -> torch.Tensor:
+        """hidden [L, n, H_draft] (row j: the draft layer of layers[j], default self.layers)
+        -> predicted router logits [L, n, E]."""
         x = torch.cat([hidden.float(), torch.ones(*hidden.shape[:2], 1, device=hidden.device)],
                       dim=2)
         if self.weight.device != hidden.device:  # a GPU draft: keep a copy beside it
             self.weight = self.weight.to(hidden.device)
-        return torch.bmm(x, self.weight)
+        weight = self.weight
+        if layers is not None and layers != self.layers:
+            weight = weight[[self.layers.index(y) for y in layers]]
+        return torch.bmm(x, weight)
 
     def forget(self, rid: str) -> None:
         self._pending.pop(rid, None)

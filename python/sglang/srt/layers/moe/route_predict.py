@@ -177,13 +177,9 @@ class RouterStack:
                     out[i].scatter_(1, top.indices, True)
             stacked = [layer for layer in self.stacked if layer in layers]
             if stacked:
-                scores = self._stacked_scores(stacked, layers, x)
-                k = min(self.views[stacked[0]].top_k, scores.shape[-1])
-                idx = scores.topk(k, dim=-1).indices
                 rows = torch.tensor([layers.index(y) for y in stacked], device=x.device)
-                part = torch.zeros(len(stacked), x.shape[1], num, dtype=torch.bool,
-                                   device=x.device)
-                out[rows] = part.scatter_(2, idx, True)
+                part = self.chosen_scores(stacked, self._stacked_scores(stacked, layers, x))
+                out[rows, :, : part.shape[-1]] = part
         return out
 
     def rank_stacked(self, layers: List[int], x: torch.Tensor, extra: int, keep_extra: int
