@@ -337,14 +337,17 @@ def moe_prefetch_checks() -> None:
         traceback.print_exc()
         row("moe prefetch: all-resident reference", "ERROR", note=f"{type(e).__name__}: {e}"[:120])
         return
-    # draft+prune: budget-aware trees price every tree on the device's tensors
-    for arm in ("none", "draft", "draft+prune"):
-        pred = arm.split("+")[0]
+    # draft+prune: budget-aware trees price every tree on the device's tensors;
+    # draft/p0.4: the calibrated cut scores each verify's device-side routing on the host
+    for arm in ("none", "draft", "draft+prune", "draft/p0.4"):
+        pred = arm.split("+")[0].split("/")[0]
+        min_prob = float(arm.split("/p")[1]) if "/p" in arm else 0.0
         try:
             sched = _sched(model_dir, dev, "float32", attention_backend=backend,
                            moe_expert_cache_slots=4, moe_prefetch_predictor=pred,
                            moe_prefetch_disable_gate=True,
-                           moe_prefetch_prune_tree=arm.endswith("prune"), **spec)
+                           moe_prefetch_prune_tree=arm.endswith("prune"),
+                           moe_prefetch_min_prob=min_prob, **spec)
             verify = []
             inner = sched.runner.forward
 

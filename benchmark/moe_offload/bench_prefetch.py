@@ -9,8 +9,13 @@ legal-text prompt):
                      on every step (--moe-prefetch-disable-gate: the predictor's own figures)
   spec+<p>+gate      the server default: the gate times steps with and without prefetch and
                      keeps the faster (--gate-predictors; layers/moe/prefetch_gate.py)
+  spec+<p>/p<m>      the calibrated cut: fetch what the pass uses with probability >= m
+                     (--moe-prefetch-min-prob; --min-prob-predictors, --min-probs)
   spec+<p>+prune     prefetch with budget-aware trees (--moe-prefetch-prune-tree, every step:
                      --prune-predictors; speculative/expert_budget.py)
+  plain/serial,      (--serial-waves) a layer needing more experts than its slots runs them in
+  spec/serial        waves of all its slots, each wave's loads after the last one's compute,
+                     instead of the double-buffered waves of experts.plan_waves
 Reported per setting: decode tokens/s, mean verify-pass time (the target forward of a
 speculative step), the store's hit rate / stall time / bytes, and the prefetcher's recall,
 precision and over-fetch, per layer in the JSON. All settings must emit the same tokens.
@@ -47,25 +52,39 @@ def draft_for(model: str) -> str:
 
 
 def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, slots: int,
-                predictor: str, steps: int, dtype: str, keep_width: int = 1,
-                gate: bool = False, prune: bool = False, topk: int = 1,
-                draft_tokens: Optional[int] = None, route_map: bool = True) -> Dict[str, Any]:
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+                predictor: str = "none", steps: int = 3, dtype: str = "bfloat16",
+                keep_width: int = 1, gate: bool = False, prune: bool = False, topk: int = 1,
+                draft_tokens: Optional[int] = None, route_map: bool = True,
+                serial: bool = False, min_prob: float = 0.0) -> Dict[str, Any]:
+    from sglang.srt.layers.moe import experts as moe_experts
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
 
     kw: Dict[str, Any] = dict(model_path=path, dtype=dtype, max_total_tokens=4096,
                               moe_expert_cache_slots=slots, moe_expert_drop_page_cache=True,
                               moe_prefetch_predictor=predictor, moe_prefetch_width=0,
                               moe_prefetch_keep_width=keep_width,
+                              moe_prefetch_min_prob=min_prob,
                               moe_prefetch_disable_gate=not gate, moe_prefetch_prune_tree=prune)
     if draft is not None:
         kw.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
                   speculative_num_steps=steps, speculative_eagle_topk=topk,
                   speculative_num_draft_tokens=draft_tokens,
                   speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
-    sched = Scheduler(ServerArgs(**kw))
+    planner = moe_experts.plan_waves
+    if serial:  # benchmark instrumentation: waves of every slot, loads alternating with compute
+        moe_experts.plan_waves = lambda needed, n: [needed[i: i + n]
+                                                    for i in range(0, len(needed), n)]
+    try:
+        return _run(Scheduler(ServerArgs(**kw)), prompt, n_new, route_map)
+    finally:
+        moe_experts.plan_waves = planner
+
+
+def _run(sched, prompt: List[int], n_new: int, route_map: bool) -> Dict[str, Any]:
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
     if not route_map and sched.spec is not None and sched.spec.kv_drafter is not None:
         sched.spec.kv_drafter.on_catch_up = None  # a draft of another width: estimate only
     forward_times: List[float] = []
@@ -120,6 +139,8 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
                    recall_ceiling=tot["recall_ceiling"], per_layer=figs["layers"])
         if "gate" in figs:
             out["gate"] = figs["gate"]
+        if "calibration" in figs:
+            out["calibration"] = figs["calibration"]
         if sched.tree_budget is not None:
             out["tree_budget"] = sched.tree_budget.to_dict()
         rm = getattr(sched.prefetcher.predictor, "routemap", None)
@@ -146,9 +167,15 @@ def main() -> None:
                     help="predictors also run with the prefetch gate on (the server default)")
     ap.add_argument("--prune-predictors", default="",
                     help="predictors also run with budget-aware trees (--moe-prefetch-prune-tree)")
+    ap.add_argument("--min-prob-predictors", default="",
+                    help="predictors also run with --moe-prefetch-min-prob (each of --min-probs)")
+    ap.add_argument("--min-probs", default="0.2",
+                    help="--moe-prefetch-min-prob values for --min-prob-predictors")
     ap.add_argument("--nomap-predictors", default="",
                     help="predictors also run without the RoutingMap (a draft of another "
                          "width then predicts from the embedding estimate only)")
+    ap.add_argument("--serial-waves", action="store_true",
+                    help="also run plain and spec with serial waves (no double buffering)")
     ap.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk (1: a chain)")
     ap.add_argument("--draft-tokens", type=int, default=None,
                     help="--speculative-num-draft-tokens (trees: nodes verified per step)")
@@ -196,26 +223,32 @@ def main() -> None:
     predictors = [p for p in args.predictors.split(",") if p]
     for frac in (float(f) for f in args.fractions.split(",")):
         slots = max(cfg.get("num_experts_per_tok", 2), round(num_experts * frac))
-        settings = [("plain", None, "none", 1, False, False, True),
-                    ("spec", draft, "none", 1, False, False, True)]
+        # (name, draft, run_setting options)
+        settings: List[tuple] = [("plain", None, {}), ("spec", draft, {})]
+        if args.serial_waves:
+            settings += [("plain/serial", None, {"serial": True}),
+                         ("spec/serial", draft, {"serial": True})]
         for p in predictors:
             widths = ([int(w) for w in args.keep_widths.split(",")]
                       if p in ("draft", "ensemble") else [1])
-            settings += [(f"spec+{p}" + ("" if w == 1 else f"/keep{w}"), draft, p, w, False,
-                          False, True) for w in widths]
-        settings += [(f"spec+{p}/nomap", draft, p, 1, False, False, False)
+            settings += [(f"spec+{p}" + ("" if w == 1 else f"/keep{w}"), draft,
+                          {"predictor": p, "keep_width": w}) for w in widths]
+        settings += [(f"spec+{p}/p{m:g}", draft, {"predictor": p, "min_prob": m})
+                     for p in args.min_prob_predictors.split(",") if p
+                     for m in (float(x) for x in args.min_probs.split(","))]
+        settings += [(f"spec+{p}/nomap", draft, {"predictor": p, "route_map": False})
                      for p in args.nomap_predictors.split(",") if p]
-        settings += [(f"spec+{p}+gate", draft, p, 1, True, False, True)
+        settings += [(f"spec+{p}+gate", draft, {"predictor": p, "gate": True})
                      for p in args.gate_predictors.split(",") if p]
-        settings += [(f"spec+{p}+prune", draft, p, 1, False, True, True)
+        settings += [(f"spec+{p}+prune", draft, {"predictor": p, "prune": True})
                      for p in args.prune_predictors.split(",") if p]
         runs: Dict[str, List[Dict[str, Any]]] = {}
         for _ in range(args.repeats):
-            for name, d, pred, keep, gate, prune, route_map in settings:
+            for name, d, opts in settings:
                 key = f"{int(frac * 100)}% {name}"
                 runs.setdefault(key, []).append(run_setting(
-                    path, d, prompt, args.new_tokens, slots, pred, args.steps, args.dtype, keep,
-                    gate, prune, args.topk, args.draft_tokens, route_map))
+                    path, d, prompt, args.new_tokens, slots, steps=args.steps,
+                    dtype=args.dtype, topk=args.topk, draft_tokens=args.draft_tokens, **opts))
                 gc.collect()
         for key, rs in runs.items():
             r = sorted(rs, key=lambda x: x["tok_s"])[len(rs) // 2]

@@ -100,6 +100,11 @@ class ServerArgs:
     # `draft` keeps every expert in some token's top-(k + width + keep_width) from being
     # evicted by a prefetch: a load then takes only a slot the pass will all but surely not use.
     moe_prefetch_keep_width: int = 1
+    # > 0: `draft` fetches the experts a pass uses with at least this probability, learned
+    # online per row source / layer / predicted rank (layers/moe/route_calibration.py,
+    # DEFAULT_MIN_PROB), and keeps those above half of it; 0: every row's top-(k + width)
+    # with keep_width more kept (the width flags then apply to `draft` too).
+    moe_prefetch_min_prob: float = 0.4
     # Prefetch is A/B-timed online against on-demand loads per batch shape and kept only
     # where its steps are faster (layers/moe/prefetch_gate.py); this runs it on every step.
     moe_prefetch_disable_gate: bool = False
@@ -222,6 +227,9 @@ class ServerArgs:
                              "--moe-prefetch-predictor draft or ensemble")
         if self.moe_prefetch_width < 0:
             raise ValueError(f"--moe-prefetch-width must be >= 0, got {self.moe_prefetch_width}")
+        if not 0.0 <= self.moe_prefetch_min_prob < 1.0:
+            raise ValueError("--moe-prefetch-min-prob must be in [0, 1) (0: fetch every "
+                             f"token's top-(k + width)), got {self.moe_prefetch_min_prob}")
         if self.moe_prefetch_keep_width < 0:
             raise ValueError("--moe-prefetch-keep-width must be >= 0, got "
                              f"{self.moe_prefetch_keep_width}")

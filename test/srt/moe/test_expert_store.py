@@ -274,3 +274,40 @@ def test_a_page_aligned_checkpoint_loads_straight_into_the_slots(tiny_moe_dir, m
         if direct:
             assert reads[how] > 0 and sum(reads.values()) == reads[how], (folder, reads)
         store.close()
+
+
+@pytest.mark.parametrize("needed,slots", [(1, 1), (5, 1), (3, 4), (4, 4), (5, 4), (10, 4),
+                                          (7, 2), (9, 3), (0, 2)])
+def test_waves_fit_the_slots_and_leave_room_to_load_the_next(needed, slots) -> None:
+    """Every expert in exactly one wave, in order; no wave over the slots; when the experts
+    do not all fit (and there are 2+ slots), each wave leaves the next one room to load."""
+    from sglang.srt.layers.moe.experts import plan_waves
+
+    experts = list(range(100, 100 + needed))
+    waves = plan_waves(experts, slots)
+    assert [e for w in waves for e in w] == experts
+    assert all(0 < len(w) <= slots for w in waves)
+    if needed <= slots:
+        assert len(waves) <= 1
+    elif slots >= 2:
+        assert all(len(a) + len(b) <= slots for a, b in zip(waves, waves[1:]))
+
+
+def test_a_layer_loads_its_next_wave_while_one_computes(tiny_moe_dir, moe_prompts) -> None:
+    """Two slots, a prefill that routes to all 8 experts of every layer: the waves after
+    the first arrive through the layer's own prefetch (loaded while the previous wave
+    computed), not as misses found at acquire; the output is bit-identical to resident."""
+    folder = tiny_moe_dir("mixtral")
+    full = runner_with_slots(folder)
+    ref_logits = full.prefill(moe_prompts, all_logits=True)
+    runner = runner_with_slots(folder, slots=2)
+    store = runner.model.expert_store
+    assert torch.equal(runner.prefill(moe_prompts, all_logits=True), ref_logits)
+    runner.release()
+    total = store.stats().total()
+    layers = len(store.layers())
+    # per layer: at most the first wave's (and a wave whose prefetch lost a race) are misses
+    assert total.prefetch_loads >= 4 * layers, total
+    assert total.misses + total.prefetch_loads == total.loads
+    assert_baseline(store)
+    store.close()

@@ -332,8 +332,11 @@ def test_draft_residuals_predict_the_verify_better_than_the_estimate(tiny_moe_di
     prompts = _prompts()
     outs, cover = {}, {}
     for mode in ("hidden", "estimate"):
+        # the fixed rule (min_prob 0): each row's top-k, so coverage scores the rows' source
+        # (a probability cut on 8 experts names nearly all of them either way)
         sched = make_scheduler(folder, moe_expert_cache_slots=4, moe_prefetch_predictor="draft",
-                               moe_prefetch_width=0, speculative_algorithm="STANDALONE",
+                               moe_prefetch_width=0, moe_prefetch_min_prob=0.0,
+                               speculative_algorithm="STANDALONE",
                                speculative_draft_model_path=folder, speculative_num_steps=3,
                                moe_prefetch_disable_gate=True)  # every verify predicted
         drafter, pred = sched.spec.kv_drafter, sched.prefetcher.predictor

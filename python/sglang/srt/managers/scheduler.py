@@ -238,7 +238,9 @@ class Scheduler:
                 self.tree_budget.observe_step(len(plan.reqs), seconds)
         if self.tree_budget is not None and plan.reqs:
             total = prefetcher.store.stats().total()
-            self.tree_budget.observe_store(total.stall_seconds, total.misses)
+            # waits for late prefetches count: with prefetch on, most loads a layer waits
+            # for were queued early but not done (a store may then report no misses at all)
+            self.tree_budget.observe_store(total.stall_seconds, total.misses + total.late)
         finished = [r for r in self.running if r.finished]
         for req in finished:
             self._release(req)

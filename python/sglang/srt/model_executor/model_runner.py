@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.base import create_attention_backend
+from sglang.srt.layers.moe.route_calibration import DEFAULT_MIN_PROB
 from sglang.srt.mem_cache.memory_pool import TokenSlotAllocator
 from sglang.srt.mem_cache.mla_pool import create_kv_pool, kv_bytes_per_token  # MLA-aware (issue 4)
 from sglang.srt.model_executor.forward_batch import ForwardBatch
@@ -52,7 +53,8 @@ class ModelRunner:
             moe_expert_drop_page_cache=getattr(server_args, "moe_expert_drop_page_cache", False),
             moe_prefetch_predictor=getattr(server_args, "moe_prefetch_predictor", "none"),
             moe_prefetch_width=getattr(server_args, "moe_prefetch_width", 0),
-            moe_prefetch_keep_width=getattr(server_args, "moe_prefetch_keep_width", 1))
+            moe_prefetch_keep_width=getattr(server_args, "moe_prefetch_keep_width", 1),
+            moe_prefetch_min_prob=getattr(server_args, "moe_prefetch_min_prob", DEFAULT_MIN_PROB))
         # --- end MoE expert store ---
         self.model.eval()
         self.dtype = next(self.model.parameters()).dtype

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
+from sglang.srt.layers.moe.route_calibration import DEFAULT_MIN_PROB
 from sglang.srt.model_loader.gguf_loader import GGUFFile, gguf_config, iter_hf_weights
 from sglang.srt.model_loader.weight_utils import iter_safetensors
 from sglang.srt.models.registry import get_model_class
@@ -76,7 +77,9 @@ def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
                device: str = "cpu", moe_expert_cache_slots: Optional[int] = None,
                moe_expert_drop_page_cache: bool = False, moe_prefetch_predictor: str = "none",
                moe_prefetch_width: int = 0,
-               moe_prefetch_keep_width: int = 1) -> Tuple[nn.Module, PretrainedConfig]:
+               moe_prefetch_keep_width: int = 1,
+               moe_prefetch_min_prob: float = DEFAULT_MIN_PROB
+               ) -> Tuple[nn.Module, PretrainedConfig]:
     """(model in eval mode without grads, its config) from an HF folder or a .gguf file.
 
     `moe_expert_cache_slots`: MoE models keep that many experts per layer in memory and
@@ -88,6 +91,7 @@ def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
         config.moe_prefetch_predictor = moe_prefetch_predictor  # read by attach_expert_store
         config.moe_prefetch_width = moe_prefetch_width
         config.moe_prefetch_keep_width = moe_prefetch_keep_width
+        config.moe_prefetch_min_prob = moe_prefetch_min_prob
     torch_dtype = resolve_dtype(dtype, config, gguf_file is not None, device)
     model_class = get_model_class(getattr(config, "architectures", None) or [])
     with torch.device("meta"), _default_dtype(torch_dtype):

@@ -23,6 +23,7 @@ from transformers import PretrainedConfig
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.experts import EXPERT_LEAVES, MoEExperts, SparseMoeBlock
 from sglang.srt.layers.moe.recorder import get_expert_recorder
+from sglang.srt.layers.moe.route_calibration import DEFAULT_MIN_PROB
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding, rope_parameters_from_config
 from sglang.srt.models.llama import LlamaAttention, LlamaMLP, _copy, head_dim_of
 
@@ -255,11 +256,13 @@ class MoECausalLM(nn.Module):
         predictor = getattr(self.config, "moe_prefetch_predictor", None) or "none"
         if predictor != "none":
             self.attach_prefetcher(predictor, getattr(self.config, "moe_prefetch_width", 0),
-                                   getattr(self.config, "moe_prefetch_keep_width", 1))
+                                   getattr(self.config, "moe_prefetch_keep_width", 1),
+                                   getattr(self.config, "moe_prefetch_min_prob",
+                                           DEFAULT_MIN_PROB))
         return store
 
-    def attach_prefetcher(self, name: str, width: int = 0,
-                          keep_width: int = 1) -> "ExpertPrefetcher":
+    def attach_prefetcher(self, name: str, width: int = 0, keep_width: int = 1,
+                          min_prob: float = DEFAULT_MIN_PROB) -> "ExpertPrefetcher":
         """Hook predictor `name` into every decoder layer (see layers/moe/prefetch.py)."""
         from sglang.srt.layers.moe.prefetch import ExpertPrefetcher, RouterView, build_predictor
 
@@ -270,7 +273,7 @@ class MoECausalLM(nn.Module):
         first = next(iter(blocks.values())).experts
         expert_bytes = (first.w13[0].numel() + first.w2[0].numel()) * first.w13.element_size()
         predictor = build_predictor(name, views, self.model.embed_tokens, width,
-                                    self.expert_store.num_slots, keep_width)
+                                    self.expert_store.num_slots, keep_width, min_prob)
         pf = ExpertPrefetcher(self.expert_store, predictor, expert_bytes)
         for layer in self.model.layers:
             layer.prefetcher = pf

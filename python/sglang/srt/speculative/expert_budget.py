@@ -138,7 +138,8 @@ class TreeBudget:
         return new if old is None else self.decay * old + (1 - self.decay) * new
 
     def observe_store(self, stall_seconds: float, misses: int) -> None:
-        """The store's running totals after a step (a reset of its stats starts over)."""
+        """The store's running totals after a step (a reset of its stats starts over);
+        `misses`: the loads a layer waited for (demand misses and late prefetches)."""
         stall0, miss0 = self._seen
         if misses < miss0 or stall_seconds < stall0:
             stall0, miss0 = 0.0, 0

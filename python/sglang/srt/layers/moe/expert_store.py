@@ -85,6 +85,9 @@ class _Slot:
     started: bool = False  # LOADING: a thread has begun the copy (else it waits in the queue)
     last_use: int = 0
     event: Optional[object] = None  # CUDA event of the load (GPU)
+    # CUDA event recorded at the last release: the kernels that read the slot were queued
+    # before it, and a load into the slot must not overwrite them before they run (GPU)
+    freed: Optional[object] = None
 
 
 @dataclasses.dataclass
@@ -279,11 +282,17 @@ class ExpertStore:
         return ExpertLease(layer, slot_of)
 
     def release(self, lease: ExpertLease) -> None:
+        freed = None
+        if self._cuda:  # the layer's kernels are queued, not run: mark where they end
+            freed = torch.cuda.Event()
+            freed.record(torch.cuda.current_stream())
         with self._cond:
             lay = self._layers[lease.layer]
             for j in lease.slot_of.values():
                 assert lay.slots[j].pins > 0, "release of an unpinned slot"
                 lay.slots[j].pins -= 1
+                if freed is not None:
+                    lay.slots[j].freed = freed
             self._cond.notify_all()
 
     def weights(self, layer: int):
@@ -367,6 +376,9 @@ class ExpertStore:
         event = None
         if self._cuda:
             with torch.cuda.stream(self._load_stream):
+                freed = lay.slots[j].freed
+                if freed is not None:  # the slot's previous expert may still be computing
+                    self._load_stream.wait_event(freed)
                 nbytes = self.source.read_into(layer, e, lay.w13[j], lay.w2[j])
                 event = torch.cuda.Event()
                 event.record(self._load_stream)

@@ -13,7 +13,7 @@ float32, so the output does not depend on residency (bit-identical to all-reside
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -122,14 +122,18 @@ class MoEExperts(nn.Module):
         needed = torch.unique(ids).tolist()
         n = store.num_slots
         if len(needed) > n:
-            resident = set(store.resident(layer))
-            needed.sort(key=lambda e: e not in resident)  # hits first: they cost no wait
-        waves = [needed[i : i + n] for i in range(0, len(needed), n)]
+            resident, mapped = set(store.resident(layer)), set(store.mapped(layer))
+            # hits first (they cost no wait), then loads already under way, then misses
+            needed.sort(key=lambda e: (e not in resident, e not in mapped))
+        waves = plan_waves(needed, n)
         for w, wave in enumerate(waves):
             lease = store.acquire(layer, wave)
             try:
-                if w + 1 < len(waves):  # start the next wave's loads where slots are free
-                    store.prefetch(layer, waves[w + 1])
+                if w + 1 < len(waves):
+                    # load the next wave into the slots this one leaves unpinned while it
+                    # computes; the later waves' experts are kept from eviction
+                    store.prefetch_experts(layer, waves[w + 1],
+                                           protect=[e for x in waves[w + 2:] for e in x])
                 lut = torch.full((self.num_experts,), -1, dtype=torch.int64)
                 lut[list(lease.slot_of)] = torch.tensor(list(lease.slot_of.values()))
                 lut = lut.to(ids.device)
@@ -137,6 +141,20 @@ class MoEExperts(nn.Module):
                 experts_forward_into(hidden, w13, w2, lut[ids], out)
             finally:
                 store.release(lease)
+
+
+def plan_waves(needed: List[int], num_slots: int) -> List[List[int]]:
+    """Split a layer's experts (hits first) into waves that fit its slots. When they do not
+    all fit, waves after the first take half the slots, so the next wave loads into the other
+    half while one computes (double buffering): a pass that needs more experts than the fast
+    tier holds then overlaps its loads with its own compute instead of alternating them.
+    The first wave takes the rest of the slots: the hits, computed while wave 2 loads."""
+    n = num_slots
+    if len(needed) <= n or n < 2:
+        return [needed[i : i + n] for i in range(0, len(needed), n)]
+    half = n // 2
+    first, rest = needed[: n - half], needed[n - half :]
+    return [first] + [rest[i : i + half] for i in range(0, len(rest), half)]
 
 
 class SparseMoeBlock(nn.Module):

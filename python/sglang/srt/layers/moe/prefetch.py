@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set
 
 import torch
 
+from sglang.srt.layers.moe.route_calibration import (BACK, ESTIMATE, OWN, RankCalibration,
+                                                      select)
 from sglang.srt.layers.moe.route_predict import RouterStack, RouterView, route_rank
 
 if TYPE_CHECKING:
@@ -201,6 +203,10 @@ class ExpertPredictor:
         be routed to, for predictors that route rows (None: this one does not)."""
         return None
 
+    def figures(self) -> dict:
+        """The predictor's own state for /server_info (the calibrated rates)."""
+        return {}
+
     def forget(self, rid: str) -> None:
         pass
 
@@ -267,9 +273,21 @@ class DraftPredictor(ExpertPredictor):
     name = "draft"
 
     def __init__(self, views: Dict[int, RouterView], embed: torch.nn.Embedding, width: int,
-                 keep_width: int = 1) -> None:
+                 keep_width: int = 1, min_prob: float = 0.0) -> None:
         self.views, self.embed, self.width = views, embed, width
         self.routers = RouterStack(views)
+        # min_prob > 0: fetch the experts the pass uses with at least that probability, from
+        # rates learned per row source / layer / rank (route_calibration.py), instead of
+        # every row's top-(k + width); 0: the fixed rule.
+        self.min_prob = min_prob
+        self.calibration: Optional[RankCalibration] = None
+        if min_prob > 0 and self.routers.stacked:
+            first = views[self.routers.stacked[0]]
+            self.calibration = RankCalibration(self.routers.stacked,
+                                               first.gate.weight.shape[0], first.top_k)
+        # layer -> (predicted scores [n, E], row sources [n]) of the pass about to run: what
+        # the calibration scores against the routing when the layer runs
+        self._pass: Dict[int, tuple] = {}
         # Experts in some row's top-(k + width + keep_width) are kept from eviction this step
         # (route_predict.py: top-3 held 0.995 of the SmolLM2 target's top-2).
         self.keep_width = keep_width
@@ -327,8 +345,13 @@ class DraftPredictor(ExpertPredictor):
 
     def begin_step(self, ctx: StepContext) -> Dict[int, List[int]]:
         """Each request's last token (a tree's root) is the pass's first row: its experts can
-        load during the whole of the draft's work."""
+        load during the whole of the draft's work. Under the calibrated cut, not when the
+        draft's own residuals are coming (its first forward routes the roots): verify passes
+        then read the draft, the estimate's rates are scored on prompt rows only, and a cut
+        on a decode's roots from them would be blind (the estimate names ~half of them)."""
         self.drafted, self.latest, self.keep = {}, {}, {}
+        if self.calibration is not None and self._reads_draft():
+            return {}
         return self._route(ctx)
 
     def on_draft_level(self, ctx: StepContext) -> Dict[int, List[int]]:
@@ -352,13 +375,20 @@ class DraftPredictor(ExpertPredictor):
             res = stack[:, row]
             self.drafted.setdefault(rid, {})[token] = res
             self.latest[rid] = (token, res)
-        return self._rank_stacked(layers, stack, drafted=True) if self._reads_draft() else {}
+        if not self._reads_draft():
+            return {}
+        own = torch.full((stack.shape[1],), OWN, dtype=torch.long)
+        return self._rank_stacked(layers, stack, own, drafted=True)
 
-    def _rank_stacked(self, layers: List[int], stack: torch.Tensor,
-                      drafted: bool = False) -> Dict[int, List[int]]:
-        """Route rows [L, n, H] of `layers` (`drafted`: the draft's own rows); remember what
-        to keep from eviction until each layer runs."""
-        if drafted and self.routemap is not None:  # another width: mapped logits
+    def _rank_stacked(self, layers: List[int], stack: torch.Tensor, sources: torch.Tensor,
+                      drafted: bool = False, whole_pass: bool = False) -> Dict[int, List[int]]:
+        """Route rows [L, n, H] of `layers` (`drafted`: the draft's rows; `sources` [n]: where
+        each row's residual came from; `whole_pass`: the rows are the coming pass's, in its
+        order); remember what to keep from eviction until each layer runs."""
+        mapped = drafted and self.routemap is not None  # another width: mapped logits
+        if self.calibration is not None:
+            fetch, keep = self._calibrated(layers, stack, sources, mapped, whole_pass)
+        elif mapped:
             scores = self._mapped_scores(layers, stack)
             fetch, keep = self.routers.rank_scores(layers, scores, self.width, self.keep_width)
         else:
@@ -370,6 +400,32 @@ class DraftPredictor(ExpertPredictor):
             for e, m in masses.items():
                 kept[e] = max(m, kept.get(e, m))
         return fetch
+
+    def _calibrated(self, layers: List[int], stack: torch.Tensor, sources: torch.Tensor,
+                    mapped: bool, whole_pass: bool) -> tuple:
+        """fetch / keep by calibrated pass probabilities (route_calibration.py); layers the
+        calibration does not cover (another expert count) by the fixed rule."""
+        cal = self.calibration
+        if mapped:
+            scores = self._mapped_scores(layers, stack)
+            pick = [i for i, x in enumerate(layers) if x in cal.index]
+            covered = [layers[i] for i in pick]
+            scores = scores[pick] if len(pick) != len(layers) else scores
+        else:
+            covered, scores = self.routers.stacked_scores(layers, stack)
+        fetch, keep = (select(covered, cal.pass_probs(covered, scores, sources), self.min_prob)
+                       if covered else ({}, {}))
+        if whole_pass:
+            self._pass = {x: (scores[i], sources) for i, x in enumerate(covered)}
+        rest = [x for x in layers if x not in cal.index]
+        if rest:
+            rows = stack[[layers.index(x) for x in rest]]
+            more = (self.routers.rank_scores(rest, self._mapped_scores(rest, rows), self.width,
+                                             self.keep_width) if mapped else
+                    self.routers.rank_stacked(rest, rows, self.width, self.keep_width))
+            fetch.update(more[0])
+            keep.update(more[1])
+        return fetch, keep
 
     def _mapped_scores(self, layers: List[int], stack: torch.Tensor) -> torch.Tensor:
         """Router scores [L, n, E] the RoutingMap predicts from draft rows [L, n, H_draft]
@@ -384,13 +440,17 @@ class DraftPredictor(ExpertPredictor):
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
         self.keep.pop(layer, None)  # the pass has used the layer: its next use is next step
+        predicted = self._pass.pop(layer, None)
+        if predicted is not None and self.calibration is not None:
+            self.calibration.observe(layer, predicted[0], predicted[1], topk_ids)
 
     def before_verify(self, ctx: StepContext) -> Dict[int, List[int]]:
         if len(self.state) > 2 * len(ctx.rids) + 64:  # aborted requests never say goodbye
             live = set(ctx.rids)
             self.state = {rid: s for rid, s in self.state.items() if rid in live}
+        self._pass = {}
         out = self._route_drafted(ctx) if self.drafted and self._reads_draft() else \
-            self._route(ctx)
+            self._route(ctx, whole_pass=True)
         self._log_target_rows(ctx)
         rows, row = [], 0
         for rid, toks, tree in zip(ctx.rids, ctx.tokens, ctx.is_tree):
@@ -404,21 +464,23 @@ class DraftPredictor(ExpertPredictor):
             self._rows.append((rid, keep))
         return out
 
-    def _route(self, ctx: StepContext) -> Dict[int, List[int]]:
+    def _route(self, ctx: StepContext, whole_pass: bool = False) -> Dict[int, List[int]]:
         """Experts per layer for the context's tokens (read-only)."""
-        layers, x = self._estimated_rows(ctx)
-        return self._rank_stacked(layers, x) if x is not None else {}
+        layers, x, sources = self._estimated_rows(ctx)
+        return self._rank_stacked(layers, x, sources, whole_pass=whole_pass) \
+            if x is not None else {}
 
     def _route_drafted(self, ctx: StepContext) -> Dict[int, List[int]]:
-        layers, x = self._drafted_rows(ctx)
-        return self._rank_stacked(layers, x, drafted=True) if x is not None else {}
+        layers, x, sources = self._drafted_rows(ctx)
+        return self._rank_stacked(layers, x, sources, drafted=True, whole_pass=True) \
+            if x is not None else {}
 
     def row_experts(self, ctx: StepContext) -> Optional[tuple]:
         """(layers, [L, rows, E] bool): the experts each row of the pass is predicted to be
         routed to (its top-k), from the draft's residuals where it has them, else the
         estimate. What budget-aware trees price (speculative/expert_budget.py)."""
         drafted = bool(self.drafted) and self._reads_draft()
-        layers, x = self._drafted_rows(ctx) if drafted else self._estimated_rows(ctx)
+        layers, x, _ = self._drafted_rows(ctx) if drafted else self._estimated_rows(ctx)
         if x is None or not layers:
             return None
         if drafted and self.routemap is not None:
@@ -426,8 +488,9 @@ class DraftPredictor(ExpertPredictor):
         return layers, self.routers.chosen(layers, x)
 
     def _estimated_rows(self, ctx: StepContext) -> tuple:
-        """(layers, rows [L, n, H]): each row's residual estimated from the request's latest
-        processed token (see the class docstring); None rows for an empty context."""
+        """(layers, rows [L, n, H], sources [n]): each row's residual estimated from the
+        request's latest processed token (see the class docstring); None rows for an empty
+        context."""
         layers = sorted(self.views)
         embs, bases = [], {layer: [] for layer in layers}
         with torch.no_grad():
@@ -443,18 +506,21 @@ class DraftPredictor(ExpertPredictor):
                         base = res[layer] - self.embed.weight[token].to(res[layer].dtype)
                         bases[layer].append(base.to(emb.dtype).expand_as(emb))
             if not embs:
-                return layers, None
+                return layers, None, None
             emb = torch.cat(embs)
-            return layers, torch.stack([emb + torch.cat(bases[layer]) for layer in layers])
+            sources = torch.full((emb.shape[0],), ESTIMATE, dtype=torch.long)
+            return layers, torch.stack([emb + torch.cat(bases[layer]) for layer in layers]), \
+                sources
 
     def _drafted_rows(self, ctx: StepContext) -> tuple:
-        """(layers, rows [L, n, H]) of the pass from the draft's residuals: a token the draft
-        computed as it is, one it did not (the last level) from the request's latest draft
-        residual with the embeddings swapped (the estimate of _estimated_rows, one token back
-        instead of a step)."""
+        """(layers, rows [L, n, H], sources [n]) of the pass from the draft's residuals: a
+        token the draft computed as it is, one it did not (the last level) from the request's
+        latest draft residual with the embeddings swapped (the estimate of _estimated_rows,
+        one token back instead of a step)."""
         layers = self.hidden_layers
         emb = self.embed.weight
         rows: List[torch.Tensor] = []  # each [L, H]
+        sources: List[int] = []
         with torch.no_grad():
             dtype = next(iter(self.latest.values()))[1].dtype
             for rid, toks in zip(ctx.rids, ctx.tokens):
@@ -464,15 +530,19 @@ class DraftPredictor(ExpertPredictor):
                     res = seen.get(tok)
                     if res is not None:
                         rows.append(res)
+                        sources.append(OWN)
                     elif latest is not None and self.routemap is not None:
                         rows.append(latest[1])  # another width: one token back, as it is
+                        sources.append(BACK)
                     elif latest is not None:  # one token back, embeddings swapped
                         rows.append(latest[1] - emb[latest[0]].to(dtype) + emb[tok].to(dtype))
+                        sources.append(BACK)
                     else:  # nothing drafted for this request: the embedding alone
                         rows.append(emb[tok].to(dtype).expand(len(layers), -1))
+                        sources.append(ESTIMATE)
             if not rows:
-                return layers, None
-            return layers, torch.stack(rows, dim=1)
+                return layers, None, None
+            return layers, torch.stack(rows, dim=1), torch.tensor(sources, dtype=torch.long)
 
     def _log_target_rows(self, ctx: StepContext) -> None:
         """RoutingMap samples: the rows of this pass that are prompt or plain decode tokens
@@ -505,6 +575,9 @@ class DraftPredictor(ExpertPredictor):
             for rid, row in self._rows:
                 self.state[rid][1][layer] = residual[row].detach().clone()
         return {}
+
+    def figures(self) -> dict:
+        return {"calibration": self.calibration.to_dict()} if self.calibration else {}
 
     def forget(self, rid: str) -> None:
         self.state.pop(rid, None)
@@ -575,6 +648,12 @@ class EnsemblePredictor(ExpertPredictor):
 
     def row_experts(self, ctx):
         return next((r for m in self.members if (r := m.row_experts(ctx)) is not None), None)
+
+    def figures(self):
+        out = {}
+        for m in self.members:
+            out.update(m.figures())
+        return out
 
     def forget(self, rid):
         for m in self.members:
@@ -669,6 +748,7 @@ class ExpertPrefetcher:
     def figures(self) -> dict:
         store = self.store.stats().to_dict()
         out = {"predictor": self.predictor.name, **self.stats.to_dict(),
+               **self.predictor.figures(),
                "hit_rate": store["total"]["hit_rate"],
                "stall_seconds": store["total"]["stall_seconds"],
                "bytes_loaded": store["total"]["bytes_loaded"]}
@@ -678,7 +758,8 @@ class ExpertPrefetcher:
 
 
 def build_predictor(name: str, views: Dict[int, RouterView], embed: torch.nn.Embedding,
-                    width: int, num_slots: int, keep_width: int = 1) -> ExpertPredictor:
+                    width: int, num_slots: int, keep_width: int = 1,
+                    min_prob: float = 0.0) -> ExpertPredictor:
     if name not in PREDICTORS:
         raise ValueError(f"--moe-prefetch-predictor must be one of {PREDICTORS}, got {name!r}")
     if name == "reuse":
@@ -686,9 +767,9 @@ def build_predictor(name: str, views: Dict[int, RouterView], embed: torch.nn.Emb
     if name == "layer_ahead":
         return LayerAheadPredictor(views, width)
     if name == "draft":
-        return DraftPredictor(views, embed, width, keep_width)
+        return DraftPredictor(views, embed, width, keep_width, min_prob)
     if name == "ensemble":
-        return EnsemblePredictor([DraftPredictor(views, embed, width, keep_width),
+        return EnsemblePredictor([DraftPredictor(views, embed, width, keep_width, min_prob),
                                   LayerAheadPredictor(views, width),
                                   ReusePredictor(width)], num_slots)
     return ExpertPredictor()

@@ -162,6 +162,16 @@ class RouterStack:
         bias = self._bias if self._bias is None or pick is None else self._bias[pick]
         return _scores(logits, self.views[stacked[0]].gate, bias)
 
+    def stacked_scores(self, layers: List[int], x: torch.Tensor
+                       ) -> Tuple[List[int], torch.Tensor]:
+        """(the stacked layers among `layers`, their router scores [L', n, E]) of rows
+        x [len(layers), n, H]."""
+        stacked = [layer for layer in self.stacked if layer in layers]
+        if not stacked:
+            return [], x.new_zeros((0, x.shape[1], 0))
+        with torch.no_grad():
+            return stacked, self._stacked_scores(stacked, layers, x)
+
     def chosen(self, layers: List[int], x: torch.Tensor) -> torch.Tensor:
         """[len(layers), n, E] bool: the experts each row x [len(layers), n, H] would be
         routed to (its top-k) at each layer; E is the largest expert count among them."""
