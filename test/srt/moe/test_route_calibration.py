@@ -5,6 +5,8 @@ learns from the verify passes, and a higher cut fetches less."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -27,7 +29,8 @@ def test_rates_learn_each_ranks_hit_rate_per_layer_and_source() -> None:
     rates for OWN, shrunk toward the prior."""
     cal = RankCalibration([3, 5], num_experts=8, top_k=2)
     scores = torch.tensor([[0.9, 0.5, 0.4, 0.1, 0.05, 0.03, 0.02, 0.01]]).repeat(400, 1)
-    perm = torch.randperm(8)  # expert ids need not follow ranks
+    perm = torch.tensor([3, 0, 6, 1, 7, 2, 5, 4])  # expert ids need not follow ranks (and
+    # the permutation is not its own inverse: ranks and orders must not be confused)
     scores = scores[:, torch.argsort(perm)]  # expert perm[r] has rank r
     topk = torch.tensor([[perm[0], perm[1 + (i % 2)]] for i in range(400)])
     cal.observe(3, scores, torch.full((400,), OWN), topk)
@@ -47,27 +50,30 @@ def test_rates_learn_each_ranks_hit_rate_per_layer_and_source() -> None:
 
 def test_a_pass_uses_an_expert_if_any_row_does() -> None:
     cal = RankCalibration([0], num_experts=4, top_k=1)
-    # both rows rank expert 2 first; rates by rank: learn exactly (0.6, 0.3, 0.1, 0)
-    scores = torch.tensor([[0.1, 0.2, 0.9, 0.05]])
-    for chosen, count in ((2, 600), (1, 300), (0, 100)):
+    # rates by rank: learn exactly (0.6, 0.3, 0.1, 0); orders that are not their own
+    # inverse, so a rank taken for an order (or back) shows
+    scores = torch.tensor([[0.5, 0.05, 0.9, 0.2]])  # ranks: expert 2, 0, 3, 1
+    for chosen, count in ((2, 600), (0, 300), (3, 100)):
         cal.observe(0, scores.repeat(count, 1), torch.full((count,), OWN),
                     torch.full((count, 1), chosen))
     cal.layer_weight = cal.pool_weight = 1e-9  # no shrinkage: the rates are the counts
     cal._rates = None
-    two = torch.stack([scores[0], torch.tensor([0.9, 0.2, 0.1, 0.05])])  # row 2 ranks 0 first
+    # row 2 ranks: expert 1, 3, 0, 2
+    two = torch.stack([scores[0], torch.tensor([0.2, 0.9, 0.05, 0.5])])
     p = cal.pass_probs([0], two[None], torch.tensor([OWN, OWN]))[0]
     rate = {0: 0.6, 1: 0.3, 2: 0.1, 3: 0.0}
-    # expert 2: ranks 0 and 2 -> 1 - (1 - .6)(1 - .1); expert 0: ranks 2 and 0; expert 1: 1, 1
-    assert p[2].item() == pytest.approx(1 - (1 - rate[0]) * (1 - rate[2]), abs=1e-6)
-    assert p[0].item() == pytest.approx(1 - (1 - rate[2]) * (1 - rate[0]), abs=1e-6)
-    assert p[1].item() == pytest.approx(1 - (1 - rate[1]) ** 2, abs=1e-6)
-    assert p[3].item() == pytest.approx(0.0, abs=1e-6)
+    both = lambda a, b: 1 - (1 - rate[a]) * (1 - rate[b])
+    # expert e: its rank in row 1 and in row 2
+    assert p[2].item() == pytest.approx(both(0, 3), abs=1e-6)
+    assert p[0].item() == pytest.approx(both(1, 2), abs=1e-6)
+    assert p[3].item() == pytest.approx(both(2, 1), abs=1e-6)
+    assert p[1].item() == pytest.approx(both(3, 0), abs=1e-6)
 
 
 def test_select_cuts_at_the_probability_and_keeps_down_to_half_of_it() -> None:
     probs = torch.tensor([[0.05, 0.9, 0.3, 0.12, 0.5],
-                          [0.0, 0.0, 0.0, 0.0, 0.19]])
-    fetch, keep = select([4, 9], probs, 0.2)
+                          [0.0, 0.0, 0.0, 0.0, 0.19]], dtype=torch.float64)
+    fetch, keep = select([4, 9], -torch.log1p(-probs), 0.2)
     assert fetch == {4: [1, 4, 2], 9: []}
     assert set(keep[4]) == {1, 4, 2, 3} and keep[4][3] == pytest.approx(0.12)
     assert set(keep[9]) == {4}
@@ -83,6 +89,13 @@ def test_the_calibrated_cut_through_the_scheduler(tiny_moe_dir) -> None:
     folder = tiny_moe_dir("qwen2_moe")
     with pytest.raises(ValueError, match="--moe-prefetch-min-prob must be in"):
         ServerArgs(model_path=folder, moe_prefetch_min_prob=1.5)
+    slots = dict(moe_expert_cache_slots=4, moe_prefetch_predictor="draft")
+    with pytest.warns(UserWarning, match="add --moe-prefetch-min-prob 0"):
+        ServerArgs(model_path=folder, moe_prefetch_keep_width=2, **slots)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fixed rule: the width flags do apply
+        ServerArgs(model_path=folder, moe_prefetch_keep_width=2, moe_prefetch_min_prob=0,
+                   **slots)
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(3, 3000, (n,), generator=g).tolist() * 3 for n in (6, 10)]
     spec = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=folder,

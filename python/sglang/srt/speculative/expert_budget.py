@@ -137,13 +137,15 @@ class TreeBudget:
     def _ema(self, old: Optional[float], new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
 
-    def observe_store(self, stall_seconds: float, misses: int) -> None:
+    def observe_store(self, stall_seconds: float, misses: int, sample: bool = True) -> None:
         """The store's running totals after a step (a reset of its stats starts over);
-        `misses`: the loads a layer waited for (demand misses and late prefetches)."""
+        `misses`: the loads a layer waited for (demand misses and late prefetches).
+        `sample` False (a step with a prompt chunk): only note the totals; a prefill's
+        loads overlap its long compute and would price a decode's misses too low."""
         stall0, miss0 = self._seen
         if misses < miss0 or stall_seconds < stall0:
             stall0, miss0 = 0.0, 0
-        if misses > miss0:
+        if sample and misses > miss0:
             self.load_s = self._ema(self.load_s, (stall_seconds - stall0) / (misses - miss0))
         self._seen = (stall_seconds, misses)
 

@@ -418,7 +418,8 @@ class ExpertStore:
                     layer, j, e, _ = job
                     lay = self._layers[layer]
                     lay.where.pop(e, None)
-                    lay.slots[j] = _Slot()
+                    # the slot's release event stays: its last kernels may still be queued
+                    lay.slots[j] = _Slot(freed=lay.slots[j].freed)
                     self._error = exc
                     self._cond.notify_all()
             finally:

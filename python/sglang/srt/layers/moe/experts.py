@@ -145,16 +145,20 @@ class MoEExperts(nn.Module):
 
 def plan_waves(needed: List[int], num_slots: int) -> List[List[int]]:
     """Split a layer's experts (hits first) into waves that fit its slots. When they do not
-    all fit, waves after the first take half the slots, so the next wave loads into the other
-    half while one computes (double buffering): a pass that needs more experts than the fast
-    tier holds then overlaps its loads with its own compute instead of alternating them.
-    The first wave takes the rest of the slots: the hits, computed while wave 2 loads."""
+    all fit, wave sizes alternate n - n//2 and n//2, so the next wave loads into the slots
+    one leaves unpinned while it computes (double buffering): a pass that needs more experts
+    than the fast tier holds then overlaps its loads with its own compute instead of
+    alternating them. The first wave holds the hits, computed while wave 2 loads."""
     n = num_slots
     if len(needed) <= n or n < 2:
         return [needed[i : i + n] for i in range(0, len(needed), n)]
-    half = n // 2
-    first, rest = needed[: n - half], needed[n - half :]
-    return [first] + [rest[i : i + half] for i in range(0, len(rest), half)]
+    sizes = (n - n // 2, n // 2)
+    waves, i = [], 0
+    while i < len(needed):
+        size = sizes[len(waves) % 2]
+        waves.append(needed[i : i + size])
+        i += size
+    return waves
 
 
 class SparseMoeBlock(nn.Module):

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set
 
 import torch
 
-from sglang.srt.layers.moe.route_calibration import (BACK, ESTIMATE, OWN, RankCalibration,
-                                                      select)
+from sglang.srt.layers.moe.route_calibration import (BACK, DEFAULT_MIN_PROB, ESTIMATE, OWN,
+                                                      RankCalibration, select)
 from sglang.srt.layers.moe.route_predict import RouterStack, RouterView, route_rank
 
 if TYPE_CHECKING:
@@ -413,8 +413,8 @@ class DraftPredictor(ExpertPredictor):
             scores = scores[pick] if len(pick) != len(layers) else scores
         else:
             covered, scores = self.routers.stacked_scores(layers, stack)
-        fetch, keep = (select(covered, cal.pass_probs(covered, scores, sources), self.min_prob)
-                       if covered else ({}, {}))
+        fetch, keep = (select(covered, cal.pass_evidence(covered, scores, sources),
+                              self.min_prob) if covered else ({}, {}))
         if whole_pass:
             self._pass = {x: (scores[i], sources) for i, x in enumerate(covered)}
         rest = [x for x in layers if x not in cal.index]
@@ -759,7 +759,7 @@ class ExpertPrefetcher:
 
 def build_predictor(name: str, views: Dict[int, RouterView], embed: torch.nn.Embedding,
                     width: int, num_slots: int, keep_width: int = 1,
-                    min_prob: float = 0.0) -> ExpertPredictor:
+                    min_prob: float = DEFAULT_MIN_PROB) -> ExpertPredictor:
     if name not in PREDICTORS:
         raise ValueError(f"--moe-prefetch-predictor must be one of {PREDICTORS}, got {name!r}")
     if name == "reuse":

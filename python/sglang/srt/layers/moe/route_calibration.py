@@ -16,6 +16,7 @@ Rates are shrunk toward the same source's rate over all layers, and that toward 
 
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -102,11 +103,18 @@ class RankCalibration:
         rank_of = scores.float().cpu().argsort(dim=-1, descending=True, stable=True).argsort(-1)
         return per_row.gather(2, rank_of)
 
+    def pass_evidence(self, layers: Sequence[int], scores: torch.Tensor,
+                      sources: torch.Tensor) -> torch.Tensor:
+        """[L', E]: -log P(no row of the pass uses the expert) = -sum log(1 - P(row uses e)).
+        Monotone in the pass probability, without its saturation at 1.0 in large passes
+        (where it would leave popular experts tied and ranked by id)."""
+        p = self.row_probs(layers, scores, sources).clamp(0.0, 1.0 - 1e-9)
+        return -torch.log1p(-p).sum(1)
+
     def pass_probs(self, layers: Sequence[int], scores: torch.Tensor,
                    sources: torch.Tensor) -> torch.Tensor:
         """[L', E]: probability the pass (all rows) uses each expert at each layer."""
-        p = self.row_probs(layers, scores, sources).clamp(0.0, 1.0 - 1e-9)
-        return 1.0 - torch.exp(torch.log1p(-p).sum(1))
+        return 1.0 - torch.exp(-self.pass_evidence(layers, scores, sources))
 
     def to_dict(self) -> Dict[str, List[float]]:
         """Mean rate per rank over layers, per source: what /server_info can show."""
@@ -115,15 +123,16 @@ class RankCalibration:
                 for s, name in enumerate(SOURCES) if self.rows[s].sum() > 0}
 
 
-def select(layers: Sequence[int], probs: torch.Tensor, min_prob: float
+def select(layers: Sequence[int], evidence: torch.Tensor, min_prob: float
            ) -> Tuple[Dict[int, List[int]], Dict[int, Dict[int, float]]]:
-    """(fetch: layer -> experts with P >= min_prob, likeliest first;
-        keep: layer -> experts with P >= min_prob / 2 -> P) from pass probabilities [L', E]."""
+    """(fetch: layer -> experts with pass probability >= min_prob, likeliest first;
+        keep: layer -> experts with it >= min_prob / 2 -> the probability) from
+    RankCalibration.pass_evidence [L', E]."""
     fetch: Dict[int, List[int]] = {}
     keep: Dict[int, Dict[int, float]] = {}
-    order = probs.argsort(dim=-1, descending=True, stable=True).tolist()
-    values = probs.tolist()
-    for layer, ranked, p in zip(layers, order, values):
-        fetch[layer] = [e for e in ranked if p[e] >= min_prob]
-        keep[layer] = {e: p[e] for e in ranked if p[e] >= min_prob / 2}
+    cut, keep_cut = -math.log1p(-min_prob), -math.log1p(-min_prob / 2)
+    order = evidence.argsort(dim=-1, descending=True, stable=True).tolist()
+    for layer, ranked, ev in zip(layers, order, evidence.tolist()):
+        fetch[layer] = [e for e in ranked if ev[e] >= cut]
+        keep[layer] = {e: 1.0 - math.exp(-ev[e]) for e in ranked if ev[e] >= keep_cut}
     return fetch, keep

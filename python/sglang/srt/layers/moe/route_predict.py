@@ -150,10 +150,10 @@ class RouterStack:
         `stacked` layers among `layers`, in one batched matmul."""
         position = {layer: i for i, layer in enumerate(layers)}
         if stacked != layers:
-            x = x.index_select(0, torch.tensor([position[y] for y in stacked]))
+            x = x.index_select(0, torch.tensor([position[y] for y in stacked], device=x.device))
         pick = None
-        if len(stacked) != len(self.stacked):
-            pick = torch.tensor([self._index[y] for y in stacked])
+        if len(stacked) != len(self.stacked):  # index_select wants its index on the device
+            pick = torch.tensor([self._index[y] for y in stacked], device=x.device)
         normed = self._normed(stacked, pick, x)
         weight = self._weight(normed.dtype)
         if pick is not None:
