@@ -9,8 +9,9 @@ legal-text prompt):
                      on every step (--moe-prefetch-disable-gate: the predictor's own figures)
   spec+<p>+gate      the server default: the gate times steps with and without prefetch and
                      keeps the faster (--gate-predictors; layers/moe/prefetch_gate.py)
-  spec+<p>/p<m>      the calibrated cut: fetch what the pass uses with probability >= m
-                     (--moe-prefetch-min-prob; --min-prob-predictors, --min-probs)
+  spec+<p>/p<m>      --moe-prefetch-min-prob m (--min-prob-predictors, --min-probs; every
+                     other setting runs the server's default cut, 0.4; m = 0: the fixed
+                     top-(k + width) rule)
   spec+<p>+prune     prefetch with budget-aware trees (--moe-prefetch-prune-tree, every step:
                      --prune-predictors; speculative/expert_budget.py)
   plain/serial,      (--serial-waves) a layer needing more experts than its slots runs them in
@@ -55,7 +56,7 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
                 predictor: str = "none", steps: int = 3, dtype: str = "bfloat16",
                 keep_width: int = 1, gate: bool = False, prune: bool = False, topk: int = 1,
                 draft_tokens: Optional[int] = None, route_map: bool = True,
-                serial: bool = False, min_prob: float = 0.0) -> Dict[str, Any]:
+                serial: bool = False, min_prob: Optional[float] = None) -> Dict[str, Any]:
     from sglang.srt.layers.moe import experts as moe_experts
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.server_args import ServerArgs
@@ -64,8 +65,9 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
                               moe_expert_cache_slots=slots, moe_expert_drop_page_cache=True,
                               moe_prefetch_predictor=predictor, moe_prefetch_width=0,
                               moe_prefetch_keep_width=keep_width,
-                              moe_prefetch_min_prob=min_prob,
                               moe_prefetch_disable_gate=not gate, moe_prefetch_prune_tree=prune)
+    if min_prob is not None:  # else the server's default
+        kw["moe_prefetch_min_prob"] = min_prob
     if draft is not None:
         kw.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
                   speculative_num_steps=steps, speculative_eagle_topk=topk,
