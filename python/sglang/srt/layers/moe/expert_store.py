@@ -119,7 +119,11 @@ class ExpertStore:
         self._cond = threading.Condition()
         self._clock = 0
         self._cuda = str(device).startswith("cuda")
-        self._load_stream = torch.cuda.Stream() if self._cuda else None
+        # One load stream per thread that loads (the loaders and a layer's own thread): a
+        # load waiting for the kernels that last read its slot (`_Slot.freed`) then holds up
+        # only that thread's later loads, not every load of the store
+        self._streams = threading.local()
+        self._device = next(iter(layers.values()))[0].device if layers else None
         # (priority, seq, job): demand misses before prefetches, earlier layers first
         self._queue: "queue.PriorityQueue" = queue.PriorityQueue()
         self._seq = itertools.count()
@@ -375,13 +379,16 @@ class ExpertStore:
         lay = self._layers[layer]
         event = None
         if self._cuda:
-            with torch.cuda.stream(self._load_stream):
+            stream = getattr(self._streams, "stream", None)
+            if stream is None:
+                stream = self._streams.stream = torch.cuda.Stream(device=self._device)
+            with torch.cuda.stream(stream):
                 freed = lay.slots[j].freed
                 if freed is not None:  # the slot's previous expert may still be computing
-                    self._load_stream.wait_event(freed)
+                    stream.wait_event(freed)
                 nbytes = self.source.read_into(layer, e, lay.w13[j], lay.w2[j])
                 event = torch.cuda.Event()
-                event.record(self._load_stream)
+                event.record(stream)
         else:
             nbytes = self.source.read_into(layer, e, lay.w13[j], lay.w2[j])
         with self._cond:
