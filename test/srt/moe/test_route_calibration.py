@@ -148,11 +148,11 @@ def test_the_cut_routes_only_what_it_can_score() -> None:
     assert cut.on_draft_hidden(["a", "a"], [3, 7], res)  # the draft's rows: fetched
     out = cut.before_verify(StepContext(["a"], [[3, 7, 9]], [True]))
     assert set(out) == {0, 1}
-    assert cut._pass[0][1].tolist() == [OWN, OWN, BACK]
+    assert cut._pass[0] == [0, 1] and cut._pass[2].tolist() == [OWN, OWN, BACK]
     for layer in (0, 1):
         cut.on_routed(layer, gates[layer](torch.randn(3, hidden)).topk_ids)
     assert cut.calibration.rows[OWN].tolist() == [2.0, 2.0]
-    assert cut.calibration.rows[BACK].tolist() == [1.0, 1.0] and not cut._pass
+    assert cut.calibration.rows[BACK].tolist() == [1.0, 1.0] and cut._pass is None
 
 
 def test_the_server_default_is_the_measured_cut() -> None:
@@ -161,3 +161,17 @@ def test_the_server_default_is_the_measured_cut() -> None:
     from sglang.srt.server_args import ServerArgs
 
     assert ServerArgs(model_path="x").moe_prefetch_min_prob == DEFAULT_MIN_PROB
+
+
+def test_scoring_layers_in_one_batch_equals_one_by_one() -> None:
+    """observe_layers (what a pass uses) counts exactly what per-layer observe does."""
+    g = torch.Generator().manual_seed(2)
+    one, many = (RankCalibration([2, 4, 6], num_experts=8, top_k=2) for _ in range(2))
+    scores = torch.rand(3, 5, 8, generator=g)
+    topk = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(15)]).view(3, 5, 2)
+    sources = torch.tensor([OWN, BACK, OWN, 2, BACK])
+    for i, layer in enumerate((2, 4, 6)):
+        one.observe(layer, scores[i], sources, topk[i])
+    many.observe_layers([2, 4, 6], scores, sources, topk)
+    assert torch.equal(one.hits, many.hits) and torch.equal(one.rows, many.rows)
+    assert one.hits.sum().item() == 15 * 2  # every row: its 2 chosen experts, each at a rank

@@ -285,9 +285,11 @@ class DraftPredictor(ExpertPredictor):
             first = views[self.routers.stacked[0]]
             self.calibration = RankCalibration(self.routers.stacked,
                                                first.gate.weight.shape[0], first.top_k)
-        # layer -> (predicted scores [n, E], row sources [n]) of the pass about to run: what
-        # the calibration scores against the routing when the layer runs
-        self._pass: Dict[int, tuple] = {}
+        # (layers, predicted scores [L', n, E], row sources [n]) of the pass about to run:
+        # what the calibration scores against the routing, in one batch once every one of
+        # those layers has run (`_routed`: layer -> its topk_ids so far)
+        self._pass: Optional[tuple] = None
+        self._routed: Dict[int, torch.Tensor] = {}
         # Experts in some row's top-(k + width + keep_width) are kept from eviction this step
         # (route_predict.py: top-3 held 0.995 of the SmolLM2 target's top-2).
         self.keep_width = keep_width
@@ -415,8 +417,8 @@ class DraftPredictor(ExpertPredictor):
             covered, scores = self.routers.stacked_scores(layers, stack)
         fetch, keep = (select(covered, cal.pass_evidence(covered, scores, sources),
                               self.min_prob) if covered else ({}, {}))
-        if whole_pass:
-            self._pass = {x: (scores[i], sources) for i, x in enumerate(covered)}
+        if whole_pass and covered:
+            self._pass, self._routed = (covered, scores, sources), {}
         rest = [x for x in layers if x not in cal.index]
         if rest:
             rows = stack[[layers.index(x) for x in rest]]
@@ -440,15 +442,28 @@ class DraftPredictor(ExpertPredictor):
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
         self.keep.pop(layer, None)  # the pass has used the layer: its next use is next step
-        predicted = self._pass.pop(layer, None)
-        if predicted is not None and self.calibration is not None:
-            self.calibration.observe(layer, predicted[0], predicted[1], topk_ids)
+        if self._pass is not None and layer in self._pass[0]:
+            layers, scores, _ = self._pass
+            if topk_ids.shape[0] == scores.shape[1]:  # the pass predicted (else another)
+                self._routed[layer] = topk_ids
+            if len(self._routed) == len(layers):
+                self._score_pass()
+
+    def _score_pass(self) -> None:
+        """Score the prediction for the pass on the layers that have run, then drop it."""
+        if self._pass is not None and self._routed:
+            layers, scores, sources = self._pass
+            pick = [i for i, x in enumerate(layers) if x in self._routed]
+            self.calibration.observe_layers(
+                [layers[i] for i in pick], scores[pick], sources,
+                torch.stack([self._routed[layers[i]] for i in pick]))
+        self._pass, self._routed = None, {}
 
     def before_verify(self, ctx: StepContext) -> Dict[int, List[int]]:
         if len(self.state) > 2 * len(ctx.rids) + 64:  # aborted requests never say goodbye
             live = set(ctx.rids)
             self.state = {rid: s for rid, s in self.state.items() if rid in live}
-        self._pass = {}
+        self._score_pass()  # a pass that ran fewer layers (none: nothing to score)
         out = self._route_drafted(ctx) if self.drafted and self._reads_draft() else \
             self._route(ctx, whole_pass=True)
         self._log_target_rows(ctx)

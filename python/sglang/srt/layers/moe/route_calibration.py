@@ -84,16 +84,27 @@ class RankCalibration:
                 topk_ids: torch.Tensor) -> None:
         """A pass ran `layer`: rows' predicted scores [n, E], their sources [n], and the
         experts each was routed to [n, k]."""
-        li = self.index.get(layer)
-        if li is None or scores.shape[0] != topk_ids.shape[0] or not scores.shape[0]:
+        if scores.shape[0] == topk_ids.shape[0]:
+            self.observe_layers([layer], scores[None], sources, topk_ids[None])
+
+    def observe_layers(self, layers: Sequence[int], scores: torch.Tensor,
+                       sources: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        """`observe` for several layers of one pass at once (scores [L', n, E], topk_ids
+        [L', n, k]): a few batched ops instead of a few per layer (~0.13 ms each here)."""
+        layers = [x for x in layers if x in self.index]
+        n = scores.shape[1]
+        if not layers or not n or len(layers) != scores.shape[0]:
             return
         order = scores.float().cpu().argsort(dim=-1, descending=True, stable=True)
-        chosen = torch.zeros(scores.shape, dtype=torch.float64).scatter_(
-            1, topk_ids.cpu().long(), 1.0)
-        by_rank = chosen.gather(1, order)  # [n, E]: was the rank-r expert chosen
-        src = sources.cpu().long()
-        self.hits[:, li].index_add_(0, src, by_rank)
-        self.rows[:, li].index_add_(0, src, torch.ones(src.shape[0], dtype=torch.float64))
+        chosen = torch.zeros(order.shape, dtype=torch.float64).scatter_(
+            2, topk_ids.cpu().long(), 1.0)
+        by_rank = chosen.gather(2, order)  # [L', n, E]: was the rank-r expert chosen
+        li = torch.tensor([self.index[x] for x in layers])
+        # row (source s, layer l) of hits viewed as [S * L, E]
+        flat = (sources.cpu().long()[None, :] * len(self.layers) + li[:, None]).reshape(-1)
+        self.hits.view(-1, self.num_experts).index_add_(0, flat,
+                                                        by_rank.reshape(-1, self.num_experts))
+        self.rows.view(-1).index_add_(0, flat, torch.ones(flat.shape[0], dtype=torch.float64))
         self._rates = None
 
     def row_probs(self, layers: Sequence[int], scores: torch.Tensor,
