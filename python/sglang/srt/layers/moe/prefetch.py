@@ -388,13 +388,8 @@ class DraftPredictor(ExpertPredictor):
         each row's residual came from; `whole_pass`: the rows are the coming pass's, in its
         order); remember what to keep from eviction until each layer runs."""
         mapped = drafted and self.routemap is not None  # another width: mapped logits
-        if self.calibration is not None:
-            fetch, keep = self._calibrated(layers, stack, sources, mapped, whole_pass)
-        elif mapped:
-            scores = self._mapped_scores(layers, stack)
-            fetch, keep = self.routers.rank_scores(layers, scores, self.width, self.keep_width)
-        else:
-            fetch, keep = self.routers.rank_stacked(layers, stack, self.width, self.keep_width)
+        fetch, keep = (self._calibrated(layers, stack, sources, mapped, whole_pass)
+                       if self.calibration is not None else self._fixed(layers, stack, mapped))
         for layer, masses in keep.items():
             # hooks route growing sets of the pass's rows (roots, levels, all): the largest
             # mass seen is the one of the most rows
@@ -421,13 +416,17 @@ class DraftPredictor(ExpertPredictor):
             self._pass, self._routed = (covered, scores, sources), {}
         rest = [x for x in layers if x not in cal.index]
         if rest:
-            rows = stack[[layers.index(x) for x in rest]]
-            more = (self.routers.rank_scores(rest, self._mapped_scores(rest, rows), self.width,
-                                             self.keep_width) if mapped else
-                    self.routers.rank_stacked(rest, rows, self.width, self.keep_width))
+            more = self._fixed(rest, stack[[layers.index(x) for x in rest]], mapped)
             fetch.update(more[0])
             keep.update(more[1])
         return fetch, keep
+
+    def _fixed(self, layers: List[int], stack: torch.Tensor, mapped: bool) -> tuple:
+        """fetch / keep by the fixed rule: every row's top-(k + width), keep_width more kept."""
+        if mapped:
+            scores = self._mapped_scores(layers, stack)
+            return self.routers.rank_scores(layers, scores, self.width, self.keep_width)
+        return self.routers.rank_stacked(layers, stack, self.width, self.keep_width)
 
     def _mapped_scores(self, layers: List[int], stack: torch.Tensor) -> torch.Tensor:
         """Router scores [L, n, E] the RoutingMap predicts from draft rows [L, n, H_draft]

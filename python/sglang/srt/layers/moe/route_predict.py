@@ -185,10 +185,10 @@ class RouterStack:
                     view = self.views[layer]
                     top, _ = _route_top(view, x[i], view.top_k)
                     out[i].scatter_(1, top.indices, True)
-            stacked = [layer for layer in self.stacked if layer in layers]
+            stacked, scores = self.stacked_scores(layers, x)
             if stacked:
                 rows = torch.tensor([layers.index(y) for y in stacked], device=x.device)
-                part = self.chosen_scores(stacked, self._stacked_scores(stacked, layers, x))
+                part = self.chosen_scores(stacked, scores)
                 out[rows, :, : part.shape[-1]] = part
         return out
 

@@ -366,10 +366,13 @@ class StandaloneDrafter(Drafter):
         pieces: Dict[int, torch.Tensor] = {}
 
         def hook(layer: int, residual: torch.Tensor) -> None:  # copies: layers add in place
+            nonlocal index, learn
+            if index.device != residual.device:  # once per forward, not once per layer
+                index, learn = index.to(residual.device), learn.to(residual.device)
             if tell:
-                hidden[layer] = residual.index_select(0, index.to(residual.device))
+                hidden[layer] = residual.index_select(0, index)
             if learn_rows:
-                pieces[layer] = residual.index_select(0, learn.to(residual.device))
+                pieces[layer] = residual.index_select(0, learn)
 
         fb.residual_hook = hook
         out = self.runner.forward(fb)
