@@ -162,6 +162,21 @@ def test_prices_come_from_the_store_and_the_steps() -> None:
     assert budget.prune([tree, None], [0.1, 0.0], rows + [None], fixed_of({0}))[0] is tree  # bs 2
 
 
+def test_before_any_wait_a_miss_is_priced_at_a_loads_own_time() -> None:
+    # prefetches that all finish in time must not leave trees unpriced (CI saw 0 steps priced)
+    budget = TreeBudget(decay=0.5)
+    budget.observe_store(0.0, 0, sample=False, loads=4, load_seconds=0.2)  # prefill loads
+    assert budget.load_s == pytest.approx(0.05)
+    budget.observe_store(0.0, 0, loads=8, load_seconds=0.6)  # a decode step waited for none
+    assert budget.load_s == pytest.approx(0.075)
+    budget.observe_store(0.3, 1, loads=9, load_seconds=0.7)  # the first wait replaces the prior
+    assert budget.load_s == pytest.approx(0.3)
+    budget.observe_store(0.3, 1, loads=20, load_seconds=5.0)  # and loads no longer move it
+    assert budget.load_s == pytest.approx(0.3)
+    budget.observe_store(0.5, 2, loads=21, load_seconds=5.1)
+    assert budget.load_s == pytest.approx(0.25)  # waits averaged (decay 0.5)
+
+
 def test_flag_needs_a_routing_predictor_and_speculation() -> None:
     with pytest.raises(ValueError, match="--moe-prefetch-prune-tree"):
         ServerArgs(model_path="x", moe_expert_cache_slots=2, moe_prefetch_predictor="reuse",

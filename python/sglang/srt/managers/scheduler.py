@@ -241,7 +241,8 @@ class Scheduler:
             # waits for late prefetches count: with prefetch on, most loads a layer waits
             # for were queued early but not done (a store may then report no misses at all)
             self.tree_budget.observe_store(total.stall_seconds, total.misses + total.late,
-                                           sample=decode_only)
+                                           sample=decode_only, loads=total.loads,
+                                           load_seconds=total.load_seconds)
         finished = [r for r in self.running if r.finished]
         for req in finished:
             self._release(req)

@@ -128,6 +128,7 @@ class TreeBudget:
         self.load_s: Optional[float] = None  # seconds the pass loses per missed expert
         self.step_s: Dict[int, float] = {}  # batch size -> recent decode step seconds
         self._seen = (0.0, 0)  # the store's (stall seconds, misses) at the last look
+        self._waited = False  # load_s measured from waits (else a load's own time)
         self.steps = 0  # steps priced
         self.steps_pruned = 0
         self.nodes_removed = 0
@@ -137,16 +138,24 @@ class TreeBudget:
     def _ema(self, old: Optional[float], new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
 
-    def observe_store(self, stall_seconds: float, misses: int, sample: bool = True) -> None:
+    def observe_store(self, stall_seconds: float, misses: int, sample: bool = True,
+                      loads: int = 0, load_seconds: float = 0.0) -> None:
         """The store's running totals after a step (a reset of its stats starts over);
         `misses`: the loads a layer waited for (demand misses and late prefetches).
         `sample` False (a step with a prompt chunk): only note the totals; a prefill's
-        loads overlap its long compute and would price a decode's misses too low."""
+        loads overlap its long compute and would price a decode's misses too low.
+        Until a decode step has waited for a load, a miss is priced at a load's own time
+        (`load_seconds / loads`): whether prefetches happened to finish in time must not
+        decide whether trees are priced at all."""
         stall0, miss0 = self._seen
         if misses < miss0 or stall_seconds < stall0:
             stall0, miss0 = 0.0, 0
         if sample and misses > miss0:
-            self.load_s = self._ema(self.load_s, (stall_seconds - stall0) / (misses - miss0))
+            self.load_s = self._ema(self.load_s if self._waited else None,
+                                    (stall_seconds - stall0) / (misses - miss0))
+            self._waited = True
+        elif not self._waited and loads > 0:
+            self.load_s = load_seconds / loads
         self._seen = (stall_seconds, misses)
 
     def observe_step(self, batch_size: int, seconds: float) -> None:

@@ -50,6 +50,7 @@ class LayerStats:
     evictions: int = 0
     dropped: int = 0  # prefetch requests refused: every other slot pinned, loading or protected
     stall_seconds: float = 0.0  # time acquire spent waiting for loads
+    load_seconds: float = 0.0  # time the reads took (on a GPU: queueing the copies)
 
     @property
     def hit_rate(self) -> float:
@@ -378,6 +379,7 @@ class ExpertStore:
     def _load(self, layer: int, j: int, e: int, prefetch: bool) -> None:
         lay = self._layers[layer]
         event = None
+        t0 = time.perf_counter()
         if self._cuda:
             stream = getattr(self._streams, "stream", None)
             if stream is None:
@@ -398,6 +400,7 @@ class ExpertStore:
             lay.stats.loads += 1
             lay.stats.prefetch_loads += int(prefetch)
             lay.stats.bytes_loaded += nbytes
+            lay.stats.load_seconds += time.perf_counter() - t0
             self._cond.notify_all()
 
     def _put(self, priority: tuple, job: Optional[tuple]) -> None:
