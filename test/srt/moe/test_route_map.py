@@ -98,6 +98,44 @@ def test_a_narrower_draft_predicts_through_the_map_once_it_has_learned() -> None
     assert rows is not None and rows[1].shape == (2, 2, E) and int(rows[1].sum()) == 8
 
 
+def test_a_verify_pass_pairs_its_draft_rows_with_their_logits() -> None:
+    """Draft tokens of a verify whose residuals the draft computed are samples as soon as
+    the target routes them (no catch-up): in a linear world the map they teach is exact.
+    A token met twice in one pass is left out (one residual is kept per token id)."""
+    g, logits = _linear_world(2)
+    gates = {layer: Router(TARGET_H, RouterConfig(num_experts=E, top_k=2)) for layer in (0, 1)}
+    for gate in gates.values():
+        gate.weight.data.normal_(generator=g)
+    views = {layer: RouterView(layer, torch.nn.Identity(), gt, top_k=2)
+             for layer, gt in gates.items()}
+    pred = DraftPredictor(views, torch.nn.Embedding(50, TARGET_H), width=0)
+    assert pred.use_draft_hidden(DRAFT_H, 2)
+    rm = pred.routemap
+    rm.rel, rm.min_samples, rm.refit = 1e-9, 40, 1000
+    start = 10
+    for step in range(14):
+        toks = torch.randperm(50, generator=g)[:4].tolist()
+        if step == 3:
+            toks[3] = toks[1]  # a repeat: neither row is a sample
+        pred.begin_step(StepContext(["a"], [toks[:1]], [True]))
+        h = {d: torch.randn(4, DRAFT_H, generator=g) for d in (0, 1)}
+        pred.on_draft_hidden(["a"] * 4, toks, h)  # the chain's rows, root first
+        ctx = StepContext(["a"], [toks], [True], [start])
+        pred.before_verify(ctx)
+        for layer in (0, 1):
+            # the target's router reads `normed`: give it rows whose logits are the linear
+            # world's for the residual the draft computed at the same row
+            want = logits(layer, h[layer])
+            normed = want @ torch.linalg.pinv(gates[layer].weight.data.T)
+            pred.on_moe_input(layer, normed, normed, ctx)
+        start += 2
+    assert rm.samples == 13 * 4 + 2 and rm.ready
+    test = torch.randn(2, 30, DRAFT_H, generator=g)
+    got = rm.logits(test)
+    for j, layer in enumerate((0, 1)):
+        assert torch.allclose(got[j], logits(layer, test[j]), atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("predictor", ["draft", "ensemble"])
 def test_scheduler_with_a_narrower_draft_learns_the_map_and_changes_nothing(
         tiny_moe_dir, tmp_path, predictor) -> None:
@@ -120,8 +158,10 @@ def test_scheduler_with_a_narrower_draft_learns_the_map_and_changes_nothing(
     got = run(sched, prompts, [greedy(10), greedy(10)])
     for rid in ref:
         assert got[rid][0] == ref[rid][0], rid
-    # every prompt token the target prefilled and the draft read is a sample
-    assert rm.samples >= sum(len(p) for p in prompts) - len(prompts), rm.samples
+    # every prompt token the target prefilled and the draft read is a sample, and so is
+    # every draft token a verify pass routed whose residual the draft computed
+    prompt_pairs = sum(len(p) for p in prompts)
+    assert rm.samples > prompt_pairs, rm.samples
     assert rm.ready
     assert sched.moe_state()["moe_prefetch"]["tree_budget"]["steps"] > 0  # trees were priced
     sched.check_all_free()

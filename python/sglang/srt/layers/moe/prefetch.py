@@ -560,7 +560,8 @@ class DraftPredictor(ExpertPredictor):
 
     def _log_target_rows(self, ctx: StepContext) -> None:
         """RoutingMap samples: the rows of this pass that are prompt or plain decode tokens
-        (not draft trees), at most the map's per-request cap each."""
+        (at most the map's per-request cap each; paired when the draft catches up), then the
+        draft tokens of a verify whose residuals the draft computed (paired at once)."""
         rm = self.routemap
         self._map_rows = None
         if rm is None or not rm.collecting or ctx.starts is None:
@@ -572,9 +573,33 @@ class DraftPredictor(ExpertPredictor):
                 entries.append((rid, start, n))
                 index.extend(range(row, row + n))
             row += len(toks)
-        if entries:
+        own, drafted = self._own_rows(ctx)
+        index.extend(own)
+        if index:
             self._map_rows = (torch.tensor(index), row)
-        rm.begin_pass(entries)
+        rm.begin_pass(entries, drafted)
+
+    def _own_rows(self, ctx: StepContext) -> tuple:
+        """(pass rows, {draft layer: residuals [m, H]}) of the draft tokens this step's draft
+        computed itself. A token id met twice in one request's rows is left out: `drafted`
+        holds one residual per token id, which may be the other occurrence's."""
+        by_draft: Dict[int, int] = {}  # draft layer -> its row in the stacks of hidden_layers
+        for j, layer in enumerate(self.hidden_layers):
+            by_draft.setdefault(self.layer_map[layer], j)
+        if not self.drafted or any(d not in by_draft for d in self.routemap.draft_layers):
+            return [], None
+        rows, res, row = [], [], 0
+        for rid, toks, tree in zip(ctx.rids, ctx.tokens, ctx.is_tree):
+            seen = self.drafted.get(rid) if tree else None
+            for i, tok in enumerate(toks):
+                if seen and tok in seen and toks.count(tok) == 1:
+                    rows.append(row + i)
+                    res.append(seen[tok])
+            row += len(toks)
+        if not rows:
+            return [], None
+        stack = torch.stack(res, dim=1)  # [L, m, H]
+        return rows, {d: stack[j] for d, j in by_draft.items()}
 
     def on_moe_input(self, layer, normed, residual, ctx) -> Dict[int, List[int]]:
         if self._map_rows is not None and layer in self.views:
