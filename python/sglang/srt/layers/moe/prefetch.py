@@ -33,6 +33,7 @@ most `num_slots` of a pass's experts can be resident when its layer starts).
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set
 
@@ -591,8 +592,9 @@ class DraftPredictor(ExpertPredictor):
         rows, res, row = [], [], 0
         for rid, toks, tree in zip(ctx.rids, ctx.tokens, ctx.is_tree):
             seen = self.drafted.get(rid) if tree else None
+            counts = collections.Counter(toks) if seen else None
             for i, tok in enumerate(toks):
-                if seen and tok in seen and toks.count(tok) == 1:
+                if seen and tok in seen and counts[tok] == 1:
                     rows.append(row + i)
                     res.append(seen[tok])
             row += len(toks)

@@ -76,9 +76,8 @@ class RoutingMap:
         draft itself proposed for this pass (a verify's draft rows), whose residuals it
         computed in the same context: each is a pair as soon as the target's logits arrive.
         The caller hands note_logits the logged rows only, in this order."""
-        m = 0 if drafted is None else next(iter(drafted.values())).shape[0]
-        live = bool(rows or m) and self.collecting
-        self._pass = (rows, {}, drafted if m else None) if live else None
+        live = bool(rows or drafted) and self.collecting
+        self._pass = (rows, {}, drafted) if live else None
 
     def note_logits(self, layer: int, logits: torch.Tensor) -> None:
         """Layer `layer`'s router logits [rows, E] of begin_pass's logged rows."""
@@ -116,8 +115,9 @@ class RoutingMap:
                    for d in self._xtx}, torch.stack([t for _, t in picks]))
 
     def _add(self, hidden: Dict[int, torch.Tensor], y: torch.Tensor) -> None:
-        """Pairs: draft residuals {draft layer: [n, H]} on the host -> logits [n, L, E]."""
-        if not self.collecting or y.shape[0] == 0 or any(d not in hidden for d in self._xtx):
+        """Pairs: draft residuals {draft layer: [n, H]} (every layer of the map's, on the
+        host) -> logits [n, L, E]."""
+        if not self.collecting or y.shape[0] == 0:
             return
         for d in self._xtx:
             x = self._features(hidden[d])
