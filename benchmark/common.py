@@ -129,10 +129,9 @@ def share_dense_weights() -> None:
     load = loader.load_model
     cache: Dict[tuple, Any] = {}
 
-    def shared_load(model_path, dtype="auto", device="cpu", moe_expert_cache_slots=None,
-                    **kwargs):
-        if moe_expert_cache_slots is not None:
-            return load(model_path, dtype, device, moe_expert_cache_slots, **kwargs)
+    def shared_load(model_path, dtype="auto", device="cpu", offload=None, **kwargs):
+        if (offload is not None and offload.enabled) or kwargs.get("moe_expert_cache_slots"):
+            return load(model_path, dtype, device, offload, **kwargs)
         key = (model_path, str(dtype), device)
         if key not in cache:
             cache[key] = load(model_path, dtype, device, None, **kwargs)

@@ -78,7 +78,7 @@ def _base_config_fields(cfg) -> dict:
 
 
 def _save(state: State, config, out_dir: str, dtype: torch.dtype, tokenizer=None) -> str:
-    from sglang.srt.layers.moe.expert_layout import save_aligned
+    from sglang.srt.expert_offload.layout import save_aligned
 
     os.makedirs(out_dir, exist_ok=True)
     config.dtype = str(dtype).replace("torch.", "")

@@ -102,9 +102,9 @@ class ServerArgs:
     # evicted by a prefetch: a load then takes only a slot the pass will all but surely not use.
     moe_prefetch_keep_width: int = 1
     # > 0: `draft` fetches the experts a pass uses with at least this probability, learned
-    # online per row source / layer / predicted rank (layers/moe/route_calibration.py,
-    # DEFAULT_MIN_PROB), and keeps those above half of it; 0: every row's top-(k + width)
-    # with keep_width more kept (the width flags then apply to `draft` too).
+    # online per row source / layer / predicted rank (expert_offload/routing/calibration.py;
+    # why 0.4: docs/decisions.md), and keeps those above half of it; 0: every row's
+    # top-(k + width) with keep_width more kept (the width flags then apply to `draft` too).
     moe_prefetch_min_prob: float = 0.4
     # Prefetch is A/B-timed online against on-demand loads per batch shape and kept only
     # where its steps are faster (layers/moe/prefetch_gate.py); this runs it on every step.

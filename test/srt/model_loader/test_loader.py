@@ -98,7 +98,7 @@ def test_sharded_checkpoint_loads_like_single_file(tiny_llama_dir: str, tmp_path
 
 
 def test_load_weights_rejects_missing_and_unknown(tiny_llama_dir: str) -> None:
-    from sglang.srt.model_loader.weight_utils import iter_safetensors
+    from sglang.srt.utils.checkpoint_files import iter_safetensors
 
     model, _ = load_model(tiny_llama_dir, dtype="float32")
     weights = dict(iter_safetensors(tiny_llama_dir))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.speculative.expert_budget import TreeBudget, node_probs, prune_trees
+from sglang.srt.expert_offload.tree_budget import TreeBudget, node_probs, prune_trees
 from sglang.srt.speculative.tree import DraftTree
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
 

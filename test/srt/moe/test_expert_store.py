@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from sglang.srt.layers.moe.expert_source import SafetensorsExpertSource
-from sglang.srt.layers.moe.expert_store import ExpertStore
+from sglang.srt.expert_offload.sources import SafetensorsExpertSource
+from sglang.srt.expert_offload.store import ExpertStore
 from sglang.srt.model_loader.loader import load_model
 from sglang.test.harness import TinyRunner
 from sglang.srt.mem_cache.mla_pool import create_kv_pool
@@ -209,7 +209,7 @@ def test_reads_around_the_page_cache_place_each_expert_exactly(tiny_moe_dir) -> 
     lands byte for byte as the checkpoint holds it, and the buffered path agrees."""
     from safetensors import safe_open
 
-    from sglang.srt.layers.moe.expert_source import SafetensorsExpertSource
+    from sglang.srt.expert_offload.sources import SafetensorsExpertSource
 
     folder = tiny_moe_dir("mixtral")
     runner = runner_with_slots(folder, slots=2, drop_page_cache=True)
@@ -246,7 +246,7 @@ def test_a_page_aligned_checkpoint_loads_straight_into_the_slots(tiny_moe_dir, m
     loads through the bounce buffer."""
     from safetensors import safe_open
 
-    from sglang.srt.layers.moe.expert_layout import ALIGN, expert_misalignment, repack_folder
+    from sglang.srt.expert_offload.layout import ALIGN, expert_misalignment, repack_folder
 
     src = tiny_moe_dir("mixtral")
     dst = str(tmp_path / "aligned")

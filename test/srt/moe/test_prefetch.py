@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.srt.layers.moe.prefetch import (PREDICTORS, DraftPredictor, EnsemblePredictor,
-                                            ExpertPredictor,
-                                            PrefetchStats, ReusePredictor, RouterView,
-                                            StepContext, route_rank)
+from sglang.srt.expert_offload.messages import StepContext
+from sglang.srt.expert_offload.predictors import (PREDICTORS, DraftPredictor, EnsemblePredictor,
+                                                  ExpertPredictor, ReusePredictor)
+from sglang.srt.expert_offload.routing.router_stack import RouterView, route_rank
+from sglang.srt.expert_offload.stats import PrefetchStats
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.moe.route_predict import RouterStack
+from sglang.srt.expert_offload.routing.router_stack import RouterStack
 from sglang.srt.layers.moe.router import Router, RouterConfig
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
 
@@ -139,7 +140,7 @@ def test_prefetch_never_evicts_what_the_predictor_keeps(tiny_moe_dir) -> None:
     """A load the predictor asks for takes a free slot or one whose expert the predictor
     does not expect the pass to use (keep_for), else it is dropped: swapping two likely
     experts costs a load and saves none."""
-    from sglang.srt.layers.moe.prefetch import ExpertPrefetcher
+    from sglang.srt.expert_offload.prefetcher import ExpertPrefetcher
     from sglang.srt.model_loader.loader import load_model
 
     class Scripted(ExpertPredictor):
@@ -180,7 +181,7 @@ def test_a_clearly_likelier_expert_takes_the_slot_of_a_kept_one(tiny_moe_dir) ->
     """With scores (the draft predictor's router mass), a kept expert yields its slot to a
     requested one SWAP_MARGIN times likelier, the least likely first; a near-equal does not
     displace it, and a kept expert without a score is never evicted."""
-    from sglang.srt.layers.moe.expert_store import SWAP_MARGIN
+    from sglang.srt.expert_offload.store import SWAP_MARGIN
     from sglang.srt.model_loader.loader import load_model
 
     model, _ = load_model(tiny_moe_dir("mixtral"), dtype="float32", moe_expert_cache_slots=2)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sglang.srt.layers.moe.prefetch_gate import OFF, ON, PrefetchGate, bucket
+from sglang.srt.expert_offload.gate import OFF, ON, PrefetchGate, bucket
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
 
 

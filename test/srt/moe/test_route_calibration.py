@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from sglang.srt.layers.moe.route_calibration import (BACK, OWN, RankCalibration, prior_rates,
+from sglang.srt.expert_offload.routing.calibration import (BACK, OWN, RankCalibration, prior_rates,
                                                       select)
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
 
@@ -125,7 +125,9 @@ def test_the_cut_routes_only_what_it_can_score() -> None:
     """A draft of the target's width hands its own residuals: under the cut, begin_step does
     not fetch the roots from the (unscored) estimate; the fixed rule still does. Rows the
     draft computed are OWN, the last level one token back BACK, and the verify scores them."""
-    from sglang.srt.layers.moe.prefetch import DraftPredictor, RouterView, StepContext
+    from sglang.srt.expert_offload.messages import StepContext
+    from sglang.srt.expert_offload.predictors import DraftPredictor
+    from sglang.srt.expert_offload.routing.router_stack import RouterView
     from sglang.srt.layers.moe.router import Router, RouterConfig
 
     torch.manual_seed(0)
@@ -156,11 +158,12 @@ def test_the_cut_routes_only_what_it_can_score() -> None:
 
 
 def test_the_server_default_is_the_measured_cut() -> None:
-    """ServerArgs must stay importable without torch, so it repeats the default: they agree."""
-    from sglang.srt.layers.moe.route_calibration import DEFAULT_MIN_PROB
+    """The default is written once (ServerArgs) and reaches the offload config: 0.4, the
+    cut measured in docs/decisions.md."""
+    from sglang.srt.expert_offload.config import OffloadConfig
     from sglang.srt.server_args import ServerArgs
 
-    assert ServerArgs(model_path="x").moe_prefetch_min_prob == DEFAULT_MIN_PROB
+    assert OffloadConfig.from_server_args(ServerArgs(model_path="x")).min_prob == 0.4
 
 
 def test_scoring_layers_in_one_batch_equals_one_by_one() -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.srt.layers.moe.prefetch import DraftPredictor, RouterView, StepContext
-from sglang.srt.layers.moe.route_map import RoutingMap
+from sglang.srt.expert_offload.messages import StepContext
+from sglang.srt.expert_offload.predictors import DraftPredictor
+from sglang.srt.expert_offload.routing.router_stack import RouterView
+from sglang.srt.expert_offload.routing.route_map import RoutingMap
 from sglang.srt.layers.moe.router import Router, RouterConfig
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
 

@@ -54,7 +54,7 @@ class Scheduler:
         self.server_args = server_args
         self.max_running = server_args.max_running_requests or 64
         self.runner = runner or ModelRunner(server_args, max_running_requests=self.max_running)
-        if getattr(self.runner.model, "expert_store", None) is not None:
+        if self.runner.expert_store is not None:
             from sglang.srt.layers.moe.recorder import get_expert_recorder
 
             # expert distribution dumps carry the target's store and prefetch figures
@@ -86,18 +86,18 @@ class Scheduler:
                 if self.prefetcher.use_draft_hidden(cfg.hidden_size, cfg.num_hidden_layers):
                     drafter.on_hidden = self.prefetcher.on_draft_hidden
                 if self.prefetcher.predictor.wants_catch_up():  # a draft of another width
-                    from sglang.srt.layers.moe.route_map import MAX_ROWS
+                    from sglang.srt.expert_offload.routing.route_map import MAX_ROWS
 
                     drafter.on_catch_up = self.prefetcher.predictor.on_draft_catch_up
                     drafter.catch_up_limit = MAX_ROWS
         # --moe-prefetch-prune-tree: drop tree branches whose experts cost more than they bring
         self.tree_budget = None
         if getattr(server_args, "moe_prefetch_prune_tree", False) and self.prefetcher is not None:
-            from sglang.srt.speculative.expert_budget import TreeBudget
+            from sglang.srt.expert_offload.tree_budget import TreeBudget
 
             self.tree_budget = TreeBudget()
         if self.prefetcher is not None and not server_args.moe_prefetch_disable_gate:
-            from sglang.srt.layers.moe.prefetch_gate import PrefetchGate
+            from sglang.srt.expert_offload.gate import PrefetchGate
 
             self.prefetcher.gate = PrefetchGate()
         self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
@@ -260,10 +260,10 @@ class Scheduler:
     @property
     def prefetcher(self):
         """The target's ExpertPrefetcher (--moe-prefetch-predictor), or None."""
-        return getattr(self.runner.model, "expert_prefetcher", None)
+        return self.runner.prefetcher
 
     def _on_draft_level(self, reqs, trees) -> None:
-        from sglang.srt.layers.moe.prefetch import StepContext
+        from sglang.srt.expert_offload.messages import StepContext
 
         self.prefetcher.on_draft_level(StepContext([r.rid for r in reqs],
                                                    [list(t.tokens) for t in trees],
@@ -304,7 +304,7 @@ class Scheduler:
                 del plan.trees[id(req)]
 
     def _step_context(self, plan: StepPlan):
-        from sglang.srt.layers.moe.prefetch import StepContext
+        from sglang.srt.expert_offload.messages import StepContext
 
         tokens, is_tree = [], []
         for req, n in zip(plan.reqs, plan.num_tokens):
@@ -564,7 +564,7 @@ class Scheduler:
 
     def moe_state(self) -> Dict[str, object]:
         """Expert store and prefetch figures for /server_info and /metrics (MoE + store)."""
-        store = getattr(self.runner.model, "expert_store", None)
+        store = self.runner.expert_store
         if store is None:
             return {}
         out: Dict[str, object] = {"moe_expert_store": store.stats().to_dict()}
@@ -585,7 +585,7 @@ class Scheduler:
         if self.spec is not None:
             self.spec.check_all_free()
             assert not self.spec.controllers, "speculation state left for finished requests"
-        store = getattr(self.runner.model, "expert_store", None)
+        store = self.runner.expert_store
         if store is not None:  # MoE experts served from a slow tier: nothing pinned or loading
             store.check_idle()
 

@@ -15,7 +15,10 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.base import create_attention_backend
-from sglang.srt.layers.moe.route_calibration import DEFAULT_MIN_PROB
+from sglang.srt.expert_offload.attach import attach_prefetcher
+from sglang.srt.expert_offload.config import OffloadConfig
+from sglang.srt.expert_offload.prefetcher import ExpertPrefetcher
+from sglang.srt.expert_offload.store import ExpertStore
 from sglang.srt.mem_cache.memory_pool import TokenSlotAllocator
 from sglang.srt.mem_cache.mla_pool import create_kv_pool, kv_bytes_per_token  # MLA-aware (issue 4)
 from sglang.srt.model_executor.forward_batch import ForwardBatch
@@ -46,16 +49,14 @@ class ModelRunner:
         self.model_path = model_path or server_args.model_path
         self.device = server_args.device
         t0 = time.perf_counter()
-        # --- MoE expert store (issue 4): experts beyond N slots per layer stay in the file ---
-        self.model, self.config = load_model(
-            self.model_path, dtype=server_args.dtype, device=self.device,
-            moe_expert_cache_slots=getattr(server_args, "moe_expert_cache_slots", None),
-            moe_expert_drop_page_cache=getattr(server_args, "moe_expert_drop_page_cache", False),
-            moe_prefetch_predictor=getattr(server_args, "moe_prefetch_predictor", "none"),
-            moe_prefetch_width=getattr(server_args, "moe_prefetch_width", 0),
-            moe_prefetch_keep_width=getattr(server_args, "moe_prefetch_keep_width", 1),
-            moe_prefetch_min_prob=getattr(server_args, "moe_prefetch_min_prob", DEFAULT_MIN_PROB))
-        # --- end MoE expert store ---
+        # MoE experts beyond the fast tier's slots stay in the checkpoint file
+        offload = OffloadConfig.from_server_args(server_args)
+        self.model, self.config = load_model(self.model_path, dtype=server_args.dtype,
+                                             device=self.device, offload=offload)
+        self.expert_store: Optional[ExpertStore] = getattr(self.model, "expert_store", None)
+        self.prefetcher: Optional[ExpertPrefetcher] = None
+        if self.expert_store is not None and offload.prefetching:
+            self.prefetcher = attach_prefetcher(self.model, offload)
         self.model.eval()
         self.dtype = next(self.model.parameters()).dtype
         self.load_seconds = time.perf_counter() - t0

@@ -18,9 +18,11 @@ import torch
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
-from sglang.srt.layers.moe.route_calibration import DEFAULT_MIN_PROB
+from sglang.srt.expert_offload.attach import attach_expert_store
+from sglang.srt.expert_offload.config import OffloadConfig
 from sglang.srt.model_loader.gguf_loader import GGUFFile, gguf_config, iter_hf_weights
-from sglang.srt.model_loader.weight_utils import iter_safetensors
+from sglang.srt.utils.checkpoint_files import iter_safetensors
+from sglang.srt.models.moe_common import MoECausalLM
 from sglang.srt.models.registry import get_model_class
 
 _DTYPES = {
@@ -74,34 +76,30 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
-               device: str = "cpu", moe_expert_cache_slots: Optional[int] = None,
-               moe_expert_drop_page_cache: bool = False, moe_prefetch_predictor: str = "none",
-               moe_prefetch_width: int = 0,
-               moe_prefetch_keep_width: int = 1,
-               moe_prefetch_min_prob: float = DEFAULT_MIN_PROB
-               ) -> Tuple[nn.Module, PretrainedConfig]:
+               device: str = "cpu", offload: Optional[OffloadConfig] = None,
+               moe_expert_cache_slots: Optional[int] = None,
+               moe_expert_drop_page_cache: bool = False) -> Tuple[nn.Module, PretrainedConfig]:
     """(model in eval mode without grads, its config) from an HF folder or a .gguf file.
 
-    `moe_expert_cache_slots`: MoE models keep that many experts per layer in memory and
-    serve the rest from the checkpoint file through an ExpertStore (`model.expert_store`)."""
+    With `offload.cache_slots` set (or the `moe_expert_cache_slots` shorthand), MoE models
+    keep that many experts per layer in memory and serve the rest from the checkpoint file
+    through an ExpertStore (`model.expert_store`)."""
+    if offload is None and moe_expert_cache_slots is not None:
+        offload = OffloadConfig.slots_only(moe_expert_cache_slots, moe_expert_drop_page_cache)
+    slots = offload.cache_slots if offload is not None else None
     gguf_file = GGUFFile(model_path) if is_gguf(model_path) else None
     config = gguf_config(gguf_file) if gguf_file is not None else load_config(model_path)
-    if moe_expert_cache_slots is not None:
-        config.moe_expert_cache_slots = moe_expert_cache_slots  # read by MoE model constructors
-        config.moe_prefetch_predictor = moe_prefetch_predictor  # read by attach_expert_store
-        config.moe_prefetch_width = moe_prefetch_width
-        config.moe_prefetch_keep_width = moe_prefetch_keep_width
-        config.moe_prefetch_min_prob = moe_prefetch_min_prob
     torch_dtype = resolve_dtype(dtype, config, gguf_file is not None, device)
     model_class = get_model_class(getattr(config, "architectures", None) or [])
+    offloads = slots is not None and issubclass(model_class, MoECausalLM)
     with torch.device("meta"), _default_dtype(torch_dtype):
-        model = model_class(config)
+        model = model_class(config, expert_cache_slots=slots) if offloads else model_class(config)
     model = model.to_empty(device=device)
     weights = (iter_hf_weights(gguf_file, config) if gguf_file is not None
                else iter_safetensors(model_path))
     model.load_weights(weights)
-    if moe_expert_cache_slots is not None and hasattr(model, "attach_expert_store"):
-        model.attach_expert_store(model_path, drop_page_cache=moe_expert_drop_page_cache)
+    if offloads:
+        attach_expert_store(model, model_path, offload)
     model.eval().requires_grad_(False)
     return model, config
 

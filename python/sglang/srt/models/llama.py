@@ -16,12 +16,12 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.attention.radix_attention import RadixAttention
 from sglang.srt.layers.layernorm import RMSNorm
 # Linear: nn.Linear whose CPU forward uses sgl_kernel's small-row kernel (one weight read
 # per call whatever the row count: decode, verify trees and small chunks cost alike).
 from sglang.srt.layers.linear import Linear
+from sglang.srt.layers.mlp import GatedMLP
 from sglang.srt.layers.rotary_embedding import (
     RotaryEmbedding,
     apply_rotary,
@@ -38,15 +38,7 @@ def head_dim_of(config: PretrainedConfig) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
-        super().__init__()
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
-        self.act_fn = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+LlamaMLP = GatedMLP  # upstream's name for the Llama FFN
 
 
 class LlamaAttention(nn.Module):

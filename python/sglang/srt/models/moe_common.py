@@ -4,15 +4,14 @@
 a `SparseMoeBlock` or a dense `LlamaMLP`; subclasses say which (`make_attention`,
 `make_mlp`) and under which checkpoint name (`mlp_name`). `load_weights` maps Hugging Face
 names generically: q/k/v and gate/up rows into the fused projections, per-expert tensors
-into `MoEExperts`, everything else by name. With `config.moe_expert_cache_slots` set (by the
-loader, from `--moe-expert-cache-slots`) experts are not loaded here: `attach_expert_store`
-serves them from the checkpoint file through an `ExpertStore`.
+into `MoEExperts`, everything else by name. With `expert_cache_slots` set (the loader passes
+`--moe-expert-cache-slots`) experts are not loaded here: `expert_offload.attach` serves them
+from the checkpoint file through an `ExpertStore`.
 Invariant: after `load_weights` every parameter and every expert has been found.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from typing import TYPE_CHECKING, Dict, Iterable, Optional, Set, Tuple
 
@@ -22,14 +21,12 @@ from transformers import PretrainedConfig
 
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.experts import EXPERT_LEAVES, MoEExperts, SparseMoeBlock
+from sglang.srt.layers.moe.hooks import NO_HOOKS, ExpertSlots, MoEHooks
 from sglang.srt.layers.moe.recorder import get_expert_recorder
-from sglang.srt.layers.moe.route_calibration import DEFAULT_MIN_PROB
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding, rope_parameters_from_config
 from sglang.srt.models.llama import LlamaAttention, LlamaMLP, _copy, head_dim_of
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.moe.prefetch import ExpertPrefetcher
-    from sglang.srt.layers.moe.expert_store import ExpertStore
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
 _EXPERT_RE = re.compile(r"^(.+\.experts)\.(\d+)\.(\w+)\.weight$")
@@ -46,7 +43,7 @@ class MoEDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.layer_id = -1  # set by MoECausalLM
-        self.prefetcher: Optional["ExpertPrefetcher"] = None  # --moe-prefetch-predictor
+        self.hooks: MoEHooks = NO_HOOKS  # expert offload: layer-ahead prefetch listens
 
     def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor], cos_sin,
                 fb: "ForwardBatch") -> Tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +57,7 @@ class MoEDecoderLayer(nn.Module):
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         if fb.residual_hook is not None:  # an MoE drafting for a target's expert prefetch
             fb.residual_hook(self.layer_id, residual)
-        if self.prefetcher is not None:  # layer-ahead predictions start loading now
-            self.prefetcher.on_moe_input(self.layer_id, hidden, residual)
+        self.hooks.on_moe_input(self.layer_id, hidden, residual)
         return getattr(self, self.mlp_name)(hidden), residual
 
 
@@ -86,10 +82,11 @@ class MoEModel(nn.Module):
 class MoECausalLM(nn.Module):
     mlp_name = "mlp"  # the decoder layer's attribute (and checkpoint) name for its FFN
 
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, expert_cache_slots: Optional[int] = None) -> None:
         super().__init__()
         self.config = config
-        self.num_slots: Optional[int] = getattr(config, "moe_expert_cache_slots", None)
+        # experts per layer in the fast tier (None: all resident, no store)
+        self.num_slots = expert_cache_slots
         layers = [MoEDecoderLayer(config, self.make_attention(config, i), self.make_mlp(config, i),
                                   self.mlp_name) for i in range(config.num_hidden_layers)]
         for i, layer in enumerate(layers):
@@ -99,8 +96,7 @@ class MoECausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.expert_store: Optional["ExpertStore"] = None
-        self.expert_prefetcher: Optional["ExpertPrefetcher"] = None
+        self.expert_store: Optional[ExpertSlots] = None  # set by expert_offload.attach
 
     # ---- what subclasses define ------------------------------------------------------------
 
@@ -214,70 +210,3 @@ class MoECausalLM(nn.Module):
         if pending:
             missing = sorted({n for n, _ in pending})
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
-
-    # ---- expert store ----------------------------------------------------------------------
-
-    def attach_expert_store(self, model_path: str, drop_page_cache: bool = False) -> Optional["ExpertStore"]:
-        """Serve the experts of store-backed layers from `model_path`'s safetensors through an
-        ExpertStore (after `load_weights`). With slots >= experts every expert is loaded now."""
-        from sglang.srt.layers.moe.expert_source import PinnedHostExpertSource, SafetensorsExpertSource
-        from sglang.srt.layers.moe.expert_store import ExpertStore
-
-        blocks = {i: b for i, b in self.moe_blocks().items() if b.experts.store_backed}
-        if not blocks:
-            return None
-        if not os.path.isdir(model_path):
-            raise ValueError("--moe-expert-cache-slots needs an HF safetensors checkpoint folder "
-                             f"(the experts' slow tier); got {model_path!r}")
-        keys = {(i, e): tuple(names) for i, b in blocks.items()
-                for e, names in b.experts.expert_keys.items()}
-        source = SafetensorsExpertSource(model_path, keys, drop_page_cache)
-        first = next(iter(blocks.values())).experts
-        device = str(first.w13.device)
-        if not device.startswith("cuda"):
-            for b in blocks.values():
-                b.experts.align_slots()
-        if device.startswith("cuda"):
-            source = PinnedHostExpertSource(source, {i: b.slot_shapes() for i, b in blocks.items()},
-                                            {i: b.experts.num_experts for i, b in blocks.items()},
-                                            first.w13.dtype)
-        store = ExpertStore(source, {i: (b.experts.w13.detach(), b.experts.w2.detach())
-                                     for i, b in blocks.items()},
-                            {i: b.experts.num_experts for i, b in blocks.items()}, device)
-        for b in blocks.values():
-            b.experts.store = store
-        if store.num_slots >= first.num_experts:
-            for i, b in blocks.items():
-                store.prefetch(i, range(b.experts.num_experts))
-            store.wait_loads()
-            store.reset_stats()
-        self.expert_store = store
-        self.expert_prefetcher = None
-        predictor = getattr(self.config, "moe_prefetch_predictor", None) or "none"
-        if predictor != "none":
-            self.attach_prefetcher(predictor, getattr(self.config, "moe_prefetch_width", 0),
-                                   getattr(self.config, "moe_prefetch_keep_width", 1),
-                                   getattr(self.config, "moe_prefetch_min_prob",
-                                           DEFAULT_MIN_PROB))
-        return store
-
-    def attach_prefetcher(self, name: str, width: int = 0, keep_width: int = 1,
-                          min_prob: float = DEFAULT_MIN_PROB) -> "ExpertPrefetcher":
-        """Hook predictor `name` into every decoder layer (see layers/moe/prefetch.py)."""
-        from sglang.srt.layers.moe.prefetch import ExpertPrefetcher, RouterView, build_predictor
-
-        assert self.expert_store is not None, "a prefetcher needs the expert store"
-        blocks = {i: b for i, b in self.moe_blocks().items() if b.experts.store_backed}
-        views = {i: RouterView(i, self.model.layers[i].post_attention_layernorm, b.gate,
-                               b.gate.cfg.top_k) for i, b in blocks.items()}
-        first = next(iter(blocks.values())).experts
-        expert_bytes = (first.w13[0].numel() + first.w2[0].numel()) * first.w13.element_size()
-        predictor = build_predictor(name, views, self.model.embed_tokens, width,
-                                    self.expert_store.num_slots, keep_width, min_prob)
-        pf = ExpertPrefetcher(self.expert_store, predictor, expert_bytes)
-        for layer in self.model.layers:
-            layer.prefetcher = pf
-        for b in blocks.values():
-            b.prefetcher = pf
-        self.expert_prefetcher = pf
-        return pf

@@ -13,18 +13,18 @@ float32, so the output does not depend on residency (bit-identical to all-reside
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.layers.linear import linear
+from sglang.srt.layers.mlp import GatedMLP
 from sglang.srt.layers.moe.recorder import get_expert_recorder
 from sglang.srt.layers.moe.router import Router, RouterConfig, RoutingResult
 
-if TYPE_CHECKING:
-    from sglang.srt.layers.moe.expert_store import ExpertStore
+from sglang.srt.layers.moe.hooks import NO_HOOKS, ExpertSlots, MoEHooks
 
 # checkpoint leaf name -> (which of gate / up / down): Qwen / DeepSeek / OLMoE and Mixtral
 EXPERT_LEAVES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2, "w1": 0, "w3": 1, "w2": 2}
@@ -75,7 +75,7 @@ class MoEExperts(nn.Module):
         self.w13 = nn.Parameter(torch.empty(slots, 2 * intermediate_size, hidden_size))
         self.w2 = nn.Parameter(torch.empty(slots, hidden_size, intermediate_size))
         self.store_backed = num_slots is not None
-        self.store: Optional["ExpertStore"] = None
+        self.store: Optional[ExpertSlots] = None
         # (expert) -> checkpoint names of (gate, up, down), filled while loading weights
         self.expert_keys: Dict[int, list] = {}
 
@@ -95,11 +95,9 @@ class MoEExperts(nn.Module):
         with torch.no_grad():
             dst.copy_(tensor)
 
-    def align_slots(self) -> None:
-        """Re-allocate the (empty) CPU slots on page boundaries: a load from a page-aligned
-        checkpoint then reads from the disk straight into its slot (expert_layout.py)."""
-        from sglang.srt.layers.moe.expert_layout import aligned_empty
-
+    def align_slots(self, aligned_empty) -> None:
+        """Re-allocate the (empty) CPU slots with `aligned_empty(shape, dtype)` (on page
+        boundaries: a load from a page-aligned checkpoint then reads straight into its slot)."""
         for p in (self.w13, self.w2):
             p.data = aligned_empty(p.shape, p.dtype)
 
@@ -172,24 +170,21 @@ class SparseMoeBlock(nn.Module):
                  shared_intermediate_size: int = 0, shared_name: str = "shared_expert",
                  shared_gate: bool = False) -> None:
         super().__init__()
-        from sglang.srt.models.llama import LlamaMLP
-
         self.layer_id = layer_id
         self.gate = Router(hidden_size, router)
         self.experts = MoEExperts(router.num_experts, hidden_size, moe_intermediate_size,
                                   layer_id, num_slots)
         self.shared_name = shared_name if shared_intermediate_size > 0 else None
         if self.shared_name:
-            setattr(self, shared_name, LlamaMLP(hidden_size, shared_intermediate_size))
+            setattr(self, shared_name, GatedMLP(hidden_size, shared_intermediate_size))
         self.shared_expert_gate = (nn.Linear(hidden_size, 1, bias=False)
                                    if shared_gate and self.shared_name else None)
-        self.prefetcher = None  # ExpertPrefetcher: told what the router chose (figures)
+        self.hooks: MoEHooks = NO_HOOKS  # expert offload: told what the router chose
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         routing = self.gate(hidden)
         get_expert_recorder().record(self.layer_id, routing.topk_ids, self.experts.num_experts)
-        if self.prefetcher is not None:
-            self.prefetcher.on_routed(self.layer_id, routing.topk_ids)
+        self.hooks.on_routed(self.layer_id, routing.topk_ids)
         out = self.experts(hidden, routing)
         if self.shared_name:
             shared = getattr(self, self.shared_name)(hidden)

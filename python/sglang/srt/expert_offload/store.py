@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 
-from sglang.srt.layers.moe.expert_source import ExpertSource, close_source
+from sglang.srt.expert_offload.sources import ExpertSource, close_source
 
 FREE, LOADING, RESIDENT = "free", "loading", "resident"
 # A scored prefetch evicts a kept expert only for one at least this many times likelier.

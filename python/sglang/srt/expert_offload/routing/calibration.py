@@ -21,13 +21,6 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-# --moe-prefetch-min-prob's default. Measured with bench_prefetch (chain of 3, 25% / 50% of
-# experts resident) against the fixed top-k rule: the counts move one way on every run
-# (SmolLM2 pair: precision 0.92-0.98 against 0.89-0.95, 9-10% fewer bytes at 25%; Qwen pair:
-# predicted recall 0.90 against 0.73, 16% fewer bytes at 25%, 13% more at 50%), tokens/s
-# within the runs' noise (0.90-1.09x over 8 comparisons). 0.25 named more for no more in time.
-DEFAULT_MIN_PROB = 0.4
-
 # Where a row's predicted residual came from (DraftPredictor): the draft's own residual of
 # the token; the draft's residual of the token before it (the last drafted level, which the
 # draft did not run); the target's previous residual with the embeddings swapped (or the

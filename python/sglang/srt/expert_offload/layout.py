@@ -13,7 +13,7 @@ need. Here:
   with spaces, as the format allows) and whose expert tensors come first, so each starts on
   a page when expert sizes are whole pages (SmolLM2's 1.7 MB, Qwen-MoEfied's 1.6 MB are);
 - `aligned_empty` allocates slot tensors on a page boundary;
-- `python -m sglang.srt.layers.moe.expert_layout SRC_DIR DST_DIR` repacks a checkpoint
+- `python -m sglang.srt.expert_offload.layout SRC_DIR DST_DIR` repacks a checkpoint
   folder this way (config, tokenizer and other files are copied as they are).
 
 Files in any other layout still load (through the bounce buffer); nothing here changes
@@ -84,7 +84,7 @@ def save_aligned(tensors: Dict[str, torch.Tensor], path: str,
 
 def expert_misalignment(path: str) -> List[str]:
     """Expert tensors of safetensors file `path` that do not start on a page."""
-    from sglang.srt.layers.moe.expert_source import _safetensors_offsets
+    from sglang.srt.expert_offload.sources import _safetensors_offsets
 
     return [name for name, ((start, _), _) in _safetensors_offsets(path).items()
             if is_expert_tensor(name) and start % ALIGN]

@@ -77,7 +77,7 @@ class SafetensorsExpertSource:
     def __init__(self, folder: str, keys: ExpertKeys, drop_page_cache: bool = False) -> None:
         from safetensors import safe_open
 
-        from sglang.srt.model_loader.weight_utils import safetensors_files
+        from sglang.srt.utils.checkpoint_files import safetensors_files
 
         self.keys = keys
         self.drop_page_cache = drop_page_cache
