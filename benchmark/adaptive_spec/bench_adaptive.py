@@ -113,10 +113,10 @@ def traced_scheduler(target: str, draft: str, dtype: str, extra: Dict[str, Any],
             end_step = spec.end_step
 
             def traced_end_step(batch_size, had_prefill):
-                trace.append({"step": len(trace), "batch": batch_size, "budget": spec.step_budget,
+                trace.append({"step": len(trace), "batch": batch_size, "budget": spec.proposal.budget,
                               "seconds": round(spec.timer.elapsed(), 4),
                               "counted": bool(batch_size and not had_prefill
-                                              and spec.step_typical)})
+                                              and spec.proposal.typical)})
                 return end_step(batch_size, had_prefill)
 
             spec.end_step = traced_end_step

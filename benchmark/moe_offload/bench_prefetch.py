@@ -87,8 +87,8 @@ def _run(sched, prompt: List[int], n_new: int, route_map: bool) -> Dict[str, Any
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    if not route_map and sched.spec is not None and sched.spec.kv_drafter is not None:
-        sched.spec.kv_drafter.on_catch_up = None  # a draft of another width: estimate only
+    if not route_map and sched.spec is not None and sched.spec.draft_kv.enabled:
+        sched.spec.draft_kv.observer.learning = False  # a draft of another width: estimate only
     forward_times: List[float] = []
     inner = sched.runner.forward
 

@@ -341,10 +341,10 @@ def test_draft_residuals_predict_the_verify_better_than_the_estimate(tiny_moe_di
                                speculative_algorithm="STANDALONE",
                                speculative_draft_model_path=folder, speculative_num_steps=3,
                                moe_prefetch_disable_gate=True)  # every verify predicted
-        drafter, pred = sched.spec.kv_drafter, sched.prefetcher.predictor
-        assert drafter.on_hidden is not None  # same width: wired by the scheduler
+        observer, pred = sched.spec.draft_kv.observer, sched.prefetcher.predictor
+        assert observer.wants_hidden()  # same width: wired by the scheduler
         if mode == "estimate":
-            drafter.on_hidden, pred.layer_map = None, {}
+            observer.hidden, pred.layer_map = False, {}
         pending, hits = {}, [0, 0]
         verify, routed = pred.before_verify, pred.on_routed
 

@@ -156,7 +156,7 @@ def test_scheduler_with_a_narrower_draft_learns_the_map_and_changes_nothing(
                            moe_prefetch_prune_tree=True)
     pred = sched.prefetcher.predictor
     rm = (pred if predictor == "draft" else pred.members[0]).routemap
-    assert rm is not None and sched.spec.kv_drafter.on_catch_up is not None
+    assert rm is not None and sched.spec.draft_kv.observer.catch_up_rows() > 0
     got = run(sched, prompts, [greedy(10), greedy(10)])
     for rid in ref:
         assert got[rid][0] == ref[rid][0], rid

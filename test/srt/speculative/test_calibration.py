@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang.srt.speculative.calibration import calibrate
+from sglang.srt.managers.spec_calibration import calibrate
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
 
 
@@ -33,7 +33,7 @@ def test_calibration_times_plain_and_speculation_then_frees_everything(tiny_llam
     # short prompts would misprice a draft token: the price stays unknown
     assert (spec.rate_prior, spec.total_verify_ct, spec.total_accepted_tokens,
             cm.catch_up_token_s) == kept
-    assert spec.forced_budget is None
+    assert not spec.policy.forced
     sched.check_all_free()  # also: no controllers left for the calibration requests
 
     prompts = [[1, 5, 9, 13, 5, 9, 13, 5, 9], [2, 7, 7, 3, 11, 4]]

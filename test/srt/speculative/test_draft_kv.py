@@ -195,7 +195,7 @@ def test_draft_memory_flat_from_1k_to_64k(tiny_long, policy):
     assert seen["view"] <= bound and seen["pos"] < 4096
     if policy == "retrieval":  # every chunk of the document was summarized on the way
         assert drafter.contexts["a"].num_summaries == len(req.fill_ids) // 64
-    sinks = drafter.release(req, keep=len(req.fill_ids))
+    sinks = drafter.release_kv(req, keep=len(req.fill_ids))
     assert len(sinks) == 4  # only the sinks are a prefix the radix cache could take
     drafter.allocator.free(sinks)  # (here: no cache; the caller owns them now)
     drafter.check_all_free()

@@ -204,11 +204,11 @@ def test_draft_skips_prompts_while_the_cost_model_runs_plain(tiny_llama_dir, pla
     spec, cm = sched.spec, sched.spec.cost_model
     while len(sched.running) < 2 or any(len(r.output_ids) < 4 for r in sched.running):
         step()
-    assert not spec.kv_drafter.contexts  # prompts not read: no draft KV made
+    assert not spec.draft_kv.contexts  # prompts not read: no draft KV made
     # now speculation wins (plain re-scripted too: the real steps since were faster)
     _settle(cm, 2, {1: 0.01, 2: 0.011, 4: 0.012})
     step()  # the draft reads both prompts plus the plain tokens, then drafts
-    assert all(spec.kv_drafter.contexts[str(i)].computed >= len(ps[i]) for i in range(2))
+    assert all(spec.draft_kv.contexts[str(i)].computed >= len(ps[i]) for i in range(2))
     assert cm.counts[(2, 4)] == cm.min_samples  # the catch-up step was not counted
     while not sched.is_idle():
         step()
@@ -232,11 +232,11 @@ def test_draft_stays_behind_when_catching_up_would_not_pay(tiny_llama_dir, plain
     _settle(cm, 2, {1: 0.01, 2: 0.011, 4: 0.011})  # now budget 4 is ~2x faster than plain
     cm.observe_catch_up(100, 100.0)  # but a draft token costs a second
     catch_ups = []
-    real = spec.kv_drafter._catch_up
-    spec.kv_drafter._catch_up = lambda *a: (catch_ups.append(1), real(*a))[1]
+    real = spec.draft_kv._catch_up
+    spec.draft_kv._catch_up = lambda *a: (catch_ups.append(1), real(*a))[1]
     while not sched.is_idle():
         step()
-    assert not catch_ups and not spec.kv_drafter.contexts
+    assert not catch_ups and not spec.draft_kv.contexts
     assert cm.counts[(2, 4)] == cm.min_samples  # no speculative step was taken
     for rid, (ids, _) in ref.items():
         assert outs[rid] == ids
@@ -249,7 +249,7 @@ def test_new_prompts_are_drafted_in_one_batched_catch_up(tiny_llama_dir, referen
     ps, ref = reference(4, seed=43, n=12)
     sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
                            speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3)
-    drafter = sched.spec.kv_drafter
+    drafter = sched.spec.draft_kv
     calls = []
     real = drafter._catch_up
     drafter._catch_up = lambda reqs, ends, want_logits: (calls.append(len(reqs)),

@@ -1,20 +1,18 @@
 """Prefetch gate: an online A/B of expert prefetch against on-demand loads, per batch shape.
 
 A prefetch wins time only where loads overlap other work and the bytes it adds (wrong
-guesses, evictions) cost less than the stalls it hides. Where it does not (on the 2-core
-CPU box the loader threads and the draft share the cores and one disk: prefetch measured
-0.62-1.24x on-demand end to end between runs, benchmark/results/moe_prefetch_*.json), a
-server should not pay for it. So, as the speculation cost model does for draft budgets,
-the gate times pure decode steps with prefetch on and off and keeps the faster:
+guesses, evictions) cost less than the stalls it hides. Where it does not (loader threads
+and the draft sharing few cores and one disk: docs/decisions.md), a server should not pay
+for it. So, as the speculation cost model does for draft budgets, the gate times pure
+decode steps with prefetch on and off and keeps the faster:
 
 - a key is (batch size bucket, draft budget: rows per request, 1 for plain decoding); step
   times depend on both and not on what the steps emit (prefetch never changes tokens);
 - a step inherits the experts the previous step left resident, so a sample counts only
   when the previous step (same batch bucket) ran the same arm: measured in alternation, an
-  on-demand step rode on the experts the prefetching step before it had loaded (the arms
-  measured 0.87 s on, < 0.87 s off where steps took 0.87 s on and 1.18 s off when run
-  alone). Until each arm has `min_samples` such samples at a key, the arms run in blocks,
-  prefetch first (min_samples + 1 steps each);
+  on-demand step rides on the experts the prefetching step before it loaded
+  (docs/decisions.md). Until each arm has `min_samples` such samples at a key, the arms run
+  in blocks, prefetch first (min_samples + 1 steps each);
 - then each step takes the arm with the lower recent time (fastest of the last `window`
   samples: noise on a shared host only ever adds time);
 - when the other arm has not run for `explore_every` steps it is measured again, from
@@ -25,27 +23,26 @@ Steps with prefill chunks are not timed and run with prefetch on (as configured)
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-from typing import Deque, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
+
+from sglang.srt.utils.stats import WindowedMin
+from sglang.srt.utils.stats import batch_bucket as bucket  # the cost model's buckets
+
+__all__ = ["ON", "OFF", "PrefetchGate", "bucket"]
 
 ON, OFF = True, False
 Key = Tuple[int, int]
 
 
-def bucket(batch_size: int) -> int:
-    """1, 2, 3, 4, 8, 16, ...: the speculation cost model's batch buckets."""
-    return batch_size if batch_size <= 4 else 1 << (batch_size - 1).bit_length()
-
-
 @dataclasses.dataclass
 class _Arm:
-    samples: Deque[Tuple[int, float]]  # (gate step, seconds), newest last
+    samples: WindowedMin  # step seconds that inherited this arm's residency
     steps: int = 0  # steps this arm ran at the key (timed)
     last_step: int = -1
 
     def best(self) -> Optional[float]:
-        return min(s for _, s in self.samples) if self.samples else None
+        return self.samples.value
 
 
 class PrefetchGate:
@@ -60,7 +57,7 @@ class PrefetchGate:
 
     def _arms(self, key: Key) -> Dict[bool, _Arm]:
         if key not in self.arms:
-            self.arms[key] = {arm: _Arm(collections.deque(maxlen=self.window))
+            self.arms[key] = {arm: _Arm(WindowedMin(self.window))
                               for arm in (ON, OFF)}
         return self.arms[key]
 
@@ -93,7 +90,7 @@ class PrefetchGate:
         self.budget_of[b] = budget
         a = self._arms((b, budget))[arm]
         if self._inherits:  # else the step ran on the other arm's residency: no sample
-            a.samples.append((self.step, seconds))
+            a.samples.add(seconds)
         a.steps += 1
         a.last_step = self.step
 

@@ -1,13 +1,12 @@
 """Page-aligned experts: a checkpoint layout and fast-tier slots that let a load go straight
 from the disk into its slot.
 
-With the page cache dropped (`--moe-expert-drop-page-cache`), the slow tier reads experts
-with O_DIRECT (expert_source.py). O_DIRECT needs the file offset, the length and the
-destination address aligned to the disk's block size. A plain `save_file` checkpoint puts a
-tensor wherever the JSON header and the tensors before it end (the SmolLM2 fixture's experts
-started 1872 bytes past a page), so every load read the enclosing pages into a bounce buffer
-and moved them into the slot: a memmove per tensor on the cores the draft and the verify
-need. Here:
+With the page cache dropped (`--moe-expert-drop-page-cache`), the slow tier reads experts with
+O_DIRECT (sources.py). O_DIRECT needs the file offset, the length and the destination address
+aligned to the disk's block size. A plain `save_file` checkpoint puts a tensor wherever the
+JSON header and the tensors before it end (rarely on a page; docs/decisions.md), so every load
+read the enclosing pages into a bounce buffer and moved them into the slot: a memmove per
+tensor on the cores the draft and the verify need. Here:
 
 - `save_aligned` writes a safetensors file whose data starts on a page (the header padded
   with spaces, as the format allows) and whose expert tensors come first, so each starts on

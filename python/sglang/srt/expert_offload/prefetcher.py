@@ -52,7 +52,7 @@ class ExpertPrefetcher:
         self.store, self.predictor = store, predictor
         self.stats = PrefetchStats(expert_bytes, store.num_slots)
         self.ctx: Optional[StepContext] = None
-        # The scheduler's online A/B (prefetch_gate.py; None: always on). `active` is its
+        # The scheduler's online A/B (gate.py; None: always on). `active` is its
         # choice for the step under way: off, no predictor hook runs and nothing loads
         # early, only the predictors' own bookkeeping of what was routed.
         self.gate: Optional["PrefetchGate"] = None
@@ -67,8 +67,7 @@ class ExpertPrefetcher:
             if ranked:
                 self.stats.predicted(layer, ranked)
                 # every predicted expert is protected, not only the ones that fit: evicting
-                # a likely one to load another costs a load and saves none (measured: with
-                # 2 of 8 slots, loads went up 37% and misses down 10% without this)
+                # a likely one to load another costs a load and saves none (docs/decisions.md)
                 protect = self._wanted.setdefault(layer, set())
                 protect.update(ranked)
                 protect.update(self.predictor.keep_for(layer))

@@ -44,9 +44,9 @@ def copy_serial(dst: torch.Tensor, src: torch.Tensor) -> None:
 
     Loads run on the store's background thread; a torch op that opens an OpenMP parallel
     region there leaves that thread its own OpenMP team, which then competes with the
-    forward's threads for the cores: measured on 2 cores, the model decoded at half speed
-    for as long as the process lived. A plain memmove (same dtype, CPU) or copies in chunks
-    below the grain size (conversion) never open a region."""
+    forward's threads for the cores for as long as the process lives (docs/decisions.md). A
+    plain memmove (same dtype, CPU) or copies in chunks below the grain size (conversion)
+    never open a region."""
     if src.dtype == dst.dtype and src.is_contiguous() and dst.is_contiguous() \
             and src.device.type == dst.device.type == "cpu":
         ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
@@ -97,9 +97,9 @@ class SafetensorsExpertSource:
         self._libc = ctypes.CDLL(None, use_errno=True) if drop_page_cache else None
         # With the page cache out of the picture, reads go around it (O_DIRECT): the disk
         # writes into an aligned buffer and one memmove places the tensor. A buffered read
-        # costs the CPU 0.30 ms per MB here (page allocation, copy, then the drop) against
-        # 0.07 ms + the memmove: on 2 cores the loads of a prefetch slowed the draft's
-        # forwards by ~100 ms a step. None where the file system refuses O_DIRECT.
+        # (page allocation, copy, then the drop) costs several times the CPU, which a
+        # prefetch's loads take from the draft's forwards (docs/decisions.md). None where the
+        # file system refuses O_DIRECT.
         self._direct_fds: Optional[List[int]] = None
         self._bounce = threading.local()  # per loader thread: an aligned read buffer
         # tensors read with O_DIRECT straight into their slot / through the bounce buffer
@@ -173,7 +173,7 @@ class SafetensorsExpertSource:
         the file system refuses it."""
         nbytes = end - start
         if start % _PAGE == 0 and nbytes % _PAGE == 0 and dst.data_ptr() % _PAGE == 0:
-            # an aligned tensor into an aligned slot (expert_layout.py): the disk writes the
+            # an aligned tensor into an aligned slot (layout.py): the disk writes the
             # slot itself, no bounce buffer and no memmove on the cores
             out = (ctypes.c_char * nbytes).from_address(dst.data_ptr())
             return self._count("direct", self._pread_direct(file_idx, start,

@@ -1,7 +1,7 @@
 """ExpertStore: which experts are resident in the fast tier, and moving them there.
 
 Each MoE layer has `num_slots` slots in the fast tier (the layer's `w13`/`w2` slot tensors);
-every expert always lives in the slow tier (`expert_source.py`). A slot is FREE, LOADING
+every expert always lives in the slow tier (`sources.py`). A slot is FREE, LOADING
 (a copy from the slow tier is running) or RESIDENT. Loads run on a background thread
 (`prefetch`) or, for a miss, in the caller (`acquire`, which then stalls).
 
@@ -13,7 +13,7 @@ Invariants:
 - when no layer runs and no load is in flight, every slot is unpinned and FREE + RESIDENT
   slots = num_slots (`check_idle`).
 
-API for prefetchers (issue 7): `prefetch(layer, expert_ids)`, `resident(layer)`, `stats()`.
+API for prefetchers: `prefetch(layer, expert_ids)`, `resident(layer)`, `stats()`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,9 @@ import torch
 from sglang.srt.expert_offload.sources import ExpertSource, close_source
 
 FREE, LOADING, RESIDENT = "free", "loading", "resident"
-# A scored prefetch evicts a kept expert only for one at least this many times likelier.
-# Measured on the SmolLM2 MoE (draft predictor, 32 tokens, misses / loads / in-time recall):
-# 50% resident: never 293 / 537 / 0.75, 2x 229 / 562 / 0.81, any likelier (1x) 200 / 641 /
-# 0.83 (ceiling 0.90); 25%: never 756 / 1001 / 0.37, 2x 649 / 1092 / 0.45, 1x 657 / 1303 /
-# 0.45 (ceiling 0.50). Swaps between near-equals cost loads and save no stalls.
+# A scored prefetch evicts a kept expert only for one at least this many times likelier:
+# kept must not mean frozen, but swaps between near-equals cost loads and save no stalls
+# (docs/decisions.md).
 SWAP_MARGIN = 2.0
 _DEMAND, _PREFETCH, _STOP = (0,), 1, (9,)  # queue priorities (prefetch: (1, layer))
 
@@ -129,9 +127,9 @@ class ExpertStore:
         self._queue: "queue.PriorityQueue" = queue.PriorityQueue()
         self._seq = itertools.count()
         self._error: Optional[BaseException] = None  # a failed background load
-        # Several loaders: a disk serves parallel reads faster than one at a time (measured
-        # here: 430 MB/s for one reader, 670 MB/s for two), and a demand miss need not queue
-        # behind a prefetch. They block in read syscalls, not on the cores.
+        # Several loaders: a disk serves parallel reads faster than one at a time, and a
+        # demand miss need not queue behind a prefetch (docs/decisions.md). They block in
+        # read syscalls, not on the cores.
         self._workers = [threading.Thread(target=self._run, name=f"expert-store-loader-{i}",
                                           daemon=True) for i in range(max(1, loader_threads))]
         for w in self._workers:

@@ -4,7 +4,7 @@ whose experts cost the verify pass more time than the branch is worth in expecte
 Verifying a tree on an MoE target routes every node's row. A node whose experts no other row
 of the pass needs, and that are neither resident nor already loading, adds their loads to the
 pass; with a fast tier that holds few experts the deepest, least likely nodes of a tree bring
-in much of the union (4 tokens touch ~2.5x the experts of one).
+in much of the union (a few tokens touch several times the experts of one: docs/decisions.md).
 
 The rule. A step emits E = sum over requests of (1 + sum of P(node accepted)) tokens in T
 seconds. Dropping a branch S (a node and everything below it) gives up p_S = sum of P(u) over
@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from sglang.srt.speculative.tree import DraftTree
+from sglang.srt.utils.stats import ema
 
 
 def node_probs(tree: DraftTree, rate: float) -> List[float]:
@@ -126,7 +127,7 @@ class TreeBudget:
     def __init__(self, decay: float = 0.8) -> None:
         self.decay = decay
         self.load_s: Optional[float] = None  # seconds the pass loses per missed expert
-        self.step_s: Dict[int, float] = {}  # batch size -> recent decode step seconds
+        self.step_s: Dict[int, float] = {}  # batch size -> decayed decode step seconds
         self._seen = (0.0, 0)  # the store's (stall seconds, misses) at the last look
         self._waited = False  # load_s measured from waits (else a load's own time)
         self.steps = 0  # steps priced
@@ -134,9 +135,6 @@ class TreeBudget:
         self.nodes_removed = 0
         self.loads_saved = 0
         self.tokens_given_up = 0.0
-
-    def _ema(self, old: Optional[float], new: float) -> float:
-        return new if old is None else self.decay * old + (1 - self.decay) * new
 
     def observe_store(self, stall_seconds: float, misses: int, sample: bool = True,
                       loads: int = 0, load_seconds: float = 0.0) -> None:
@@ -151,8 +149,8 @@ class TreeBudget:
         if misses < miss0 or stall_seconds < stall0:
             stall0, miss0 = 0.0, 0
         if sample and misses > miss0:
-            self.load_s = self._ema(self.load_s if self._waited else None,
-                                    (stall_seconds - stall0) / (misses - miss0))
+            self.load_s = ema(self.load_s if self._waited else None,
+                              (stall_seconds - stall0) / (misses - miss0), self.decay)
             self._waited = True
         elif not self._waited and loads > 0:
             self.load_s = load_seconds / loads
@@ -160,7 +158,7 @@ class TreeBudget:
 
     def observe_step(self, batch_size: int, seconds: float) -> None:
         """A pure decode step of `batch_size` requests took `seconds`."""
-        self.step_s[batch_size] = self._ema(self.step_s.get(batch_size), seconds)
+        self.step_s[batch_size] = ema(self.step_s.get(batch_size), seconds, self.decay)
 
     def prune(self, trees: Sequence[Optional[DraftTree]], rates: Sequence[float],
               rows: Sequence[Optional[torch.Tensor]], fixed: torch.Tensor

@@ -4,19 +4,18 @@ Torch's CPU bf16 GEMM is fast only for one row (gemv); at 2-64 rows it is 4-80x 
 at one, which would make verifying speculative tokens cost more than it saves. The kernel
 (sgl_kernel.cpu.small_m_linear) reads W from DRAM once per call whatever the row count.
 
-Routing rule (benchmark/kernels/bench_cpu_linear.py on Zen 3 AVX2, Qwen2.5-0.5B and
-SmolLM2 shapes; benchmark/results/cpu_linear*.json):
-- bf16 W, rows <= 64: the kernel (2x torch's bf16 gemv at 1 row, 3-7x its GEMM from 2).
+Routing rule (benchmark/kernels/bench_cpu_linear.py on Zen 3 AVX2; the figures behind each
+threshold are in docs/decisions.md):
+- bf16 W, rows <= 64: the kernel (faster than torch's bf16 gemv at 1 row and its GEMM from 2).
 - bf16 W, rows > 64: W upcast to fp32 per call + MKL sgemm: compute-bound there, and from
-  ~128 rows MKL beats the kernel by up to 25%; torch's bf16 GEMM is ~6x slower than both.
-- fp32 W, rows <= 32: the kernel (1.0-2x MKL); above, MKL (F.linear).
+  ~128 rows MKL beats the kernel; torch's bf16 GEMM is slower than both.
+- fp32 W, rows <= 32: the kernel (at least as fast as MKL); above, MKL (F.linear).
 - anything else (non-CPU tensors, fp16, autograd, kernel not built): F.linear.
 On CPUs with AMX-BF16 (Intel Sapphire Rapids and later) torch's own bf16 GEMM (oneDNN on
-AMX) is another animal: measured there (Qwen2.5-1.5B shapes, W from DRAM) it beats the
-kernel from ~10 rows (gate_up 1536x17920: 12 rows 4.8 vs 9.9 ms) and the fp32 upcast by
-2.5-3.7x from 64 rows (prefill). There, bf16 W with more rows than the kernel takes in one
-sweep (10) goes to torch's bf16 F.linear; up to 10 the kernel keeps each row's bits equal
-to a 1-row call (a verify row equals the decode row).
+AMX) is another animal: it beats the kernel from ~10 rows and the fp32 upcast at prefill
+sizes. There, bf16 W with more rows than the kernel takes in one sweep (10) goes to torch's
+bf16 F.linear; up to 10 the kernel keeps each row's bits equal to a 1-row call (a verify row
+equals the decode row).
 Invariant: the result equals F.linear's up to fp32 summation order (bf16 outputs round once).
 """
 

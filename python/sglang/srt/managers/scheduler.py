@@ -1,26 +1,29 @@
 """Scheduler: continuous batching over one target model.
 
-One step reads as: admit waiting requests -> pick the tokens each running request
-computes this step (decodes 1, prefills a chunk within the budget) -> allocate their KV
-slots (evicting cache, retracting requests when the pool is short) -> one forward ->
-sample where a request reached the end of its tokens -> finish, cache, report.
+One step: admit waiting requests -> plan the tokens each running request computes (decodes
+1, prefills a chunk within the budget) -> hooks: prefetch, draft trees, cut trees -> allocate
+KV slots (evicting cache, retracting requests when the pool is short) -> one forward ->
+sample, or verify trees -> hooks: record -> release finished requests. Speculation and
+expert offload plug in as step hooks (step_hooks.py) handed over at construction.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Deque, Dict, List, Optional
+from typing import Deque, Dict, List, Optional
 
 import torch
 
 from sglang.srt.constrained.grammar_backend import GrammarBackend, grammar_key
+from sglang.srt.layers.moe.recorder import get_expert_recorder
 from sglang.srt.managers.io_struct import ReqUpdate, TokenizedGenerateReqInput
 from sglang.srt.managers.output_processor import OutputProcessor
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import order_waiting
+from sglang.srt.managers.step_hooks import SpeculationHook, StepHook, StepHooks
+from sglang.srt.managers.step_plan import ScheduledReq, StepPlan
 from sglang.srt.mem_cache.base_prefix_cache import create_prefix_cache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.mla_pool import kv_bytes_per_token
@@ -29,23 +32,11 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_worker import SpecWorker
 
-if TYPE_CHECKING:
-    from sglang.srt.speculative.tree import DraftTree
-
 logger = logging.getLogger(__name__)
 
 # Slots kept free per running request when admitting new ones, so that decoding requests
 # rarely have to be retracted right after an admission.
 _DECODE_RESERVE_PER_REQ = 16
-
-
-@dataclasses.dataclass
-class StepPlan:
-    """The requests of one forward and how many tokens each computes."""
-
-    reqs: List[Req]
-    num_tokens: List[int]
-    trees: Dict[int, "DraftTree"] = dataclasses.field(default_factory=dict)  # id(req) -> tree
 
 
 class Scheduler:
@@ -54,9 +45,8 @@ class Scheduler:
         self.server_args = server_args
         self.max_running = server_args.max_running_requests or 64
         self.runner = runner or ModelRunner(server_args, max_running_requests=self.max_running)
+        self.prefetcher = self.runner.prefetcher  # expert prefetch (--moe-prefetch-predictor)
         if self.runner.expert_store is not None:
-            from sglang.srt.layers.moe.recorder import get_expert_recorder
-
             # expert distribution dumps carry the target's store and prefetch figures
             get_expert_recorder().extras["moe"] = self.moe_state
         self.context_len = self.runner.context_len
@@ -74,32 +64,8 @@ class Scheduler:
             server_args.disable_radix_cache, self.allocator,
             draft_allocator=self.spec.draft_allocator if self.spec else None,
             eviction_policy=server_args.radix_eviction_policy)
-        if self.spec is not None:
-            self.spec.attach_cache(self.tree_cache)
-            if self.spec.kv_drafter is not None:
-                self.spec.draft_share = (_num_params(self.spec.kv_drafter.runner.model)
-                                         / max(1, _num_params(self.runner.model)))
-            if self.prefetcher is not None and self.spec.kv_drafter is not None:
-                drafter = self.spec.kv_drafter
-                drafter.on_level = self._on_draft_level
-                cfg = drafter.runner.config
-                if self.prefetcher.use_draft_hidden(cfg.hidden_size, cfg.num_hidden_layers):
-                    drafter.on_hidden = self.prefetcher.on_draft_hidden
-                if self.prefetcher.predictor.wants_catch_up():  # a draft of another width
-                    from sglang.srt.expert_offload.routing.route_map import MAX_ROWS
-
-                    drafter.on_catch_up = self.prefetcher.predictor.on_draft_catch_up
-                    drafter.catch_up_limit = MAX_ROWS
-        # --moe-prefetch-prune-tree: drop tree branches whose experts cost more than they bring
-        self.tree_budget = None
-        if getattr(server_args, "moe_prefetch_prune_tree", False) and self.prefetcher is not None:
-            from sglang.srt.expert_offload.tree_budget import TreeBudget
-
-            self.tree_budget = TreeBudget()
-        if self.prefetcher is not None and not server_args.moe_prefetch_disable_gate:
-            from sglang.srt.expert_offload.gate import PrefetchGate
-
-            self.prefetcher.gate = PrefetchGate()
+        self.tree_budget = None  # --moe-prefetch-prune-tree (TreeBudgetHook)
+        self.hooks = StepHooks(self._build_hooks())
         self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
                                 if tokenizer is not None else None)
         if self.spec is not None:
@@ -116,6 +82,39 @@ class Scheduler:
             server_args.random_seed if server_args.random_seed is not None else 42)
         self.stats: Dict[str, float] = collections.defaultdict(float)
         self.spec_calibration = None  # the CalibrationReport, once calibrate() ran
+
+    def _build_hooks(self) -> List[StepHook]:
+        """Speculation and expert offload, wired once: the draft tells the prefetcher what
+        it drafts; the cache frees draft KV when the draft pool is short."""
+        hooks: List[StepHook] = []
+        spec, prefetcher = self.spec, self.prefetcher
+        if prefetcher is not None:
+            from sglang.srt.managers.offload_hooks import PrefetchHook
+
+            if not self.server_args.moe_prefetch_disable_gate:
+                from sglang.srt.expert_offload.gate import PrefetchGate
+
+                prefetcher.gate = PrefetchGate()
+            hooks.append(PrefetchHook(prefetcher))
+        if spec is None:
+            return hooks
+        spec.attach_cache(self.tree_cache)
+        hooks.append(SpeculationHook(spec, lambda: self.running))
+        if spec.draft_kv.enabled:
+            spec.draft_share = spec.draft_kv.num_params / max(1, _num_params(self.runner.model))
+            if prefetcher is not None:
+                from sglang.srt.expert_offload.draft_observer import PrefetchDraftObserver
+
+                cfg = spec.draft_kv.model_config
+                spec.drafter.observe(PrefetchDraftObserver(prefetcher, cfg.hidden_size,
+                                                           cfg.num_hidden_layers))
+        if prefetcher is not None and self.server_args.moe_prefetch_prune_tree:
+            from sglang.srt.expert_offload.tree_budget import TreeBudget
+            from sglang.srt.managers.offload_hooks import TreeBudgetHook
+
+            self.tree_budget = TreeBudget()
+            hooks.append(TreeBudgetHook(self.tree_budget, prefetcher, spec))
+        return hooks
 
     # ------------------------------------------------------------------ requests
     def add_request(self, recv: TokenizedGenerateReqInput) -> Optional[ReqUpdate]:
@@ -173,10 +172,7 @@ class Scheduler:
             else:
                 self.waiting.remove(req)
             updates.append(self.outputs.make_update(req))
-            if self.spec is not None:
-                self.spec.forget(req)
-            if self.prefetcher is not None:
-                self.prefetcher.forget(req.rid)
+            self.hooks.on_finished(req)
         return updates
 
     def is_idle(self) -> bool:
@@ -195,125 +191,37 @@ class Scheduler:
         """Run one forward (if there is work); return the updates to send."""
         self.step_count += 1
         self._admit()
-        rejected = [self.outputs.make_update(r) for r in self.rejected]
+        updates = [self.outputs.make_update(r) for r in self.rejected]
         self.rejected.clear()
         plan = self._plan()
         if plan is None:
             if self.waiting:
                 time.sleep(0.002)  # only grammars compiling: do not spin
-            return rejected
-        prefetcher = self.prefetcher
-        decode_only = bool(plan.reqs) and all(n == 1 for n in plan.num_tokens)
+            return updates
         t0 = time.perf_counter()
-        if prefetcher is not None and plan.reqs:  # loads run while the draft proposes
-            prefetcher.begin_step(self._step_context(plan), decode_only)
-        if self.spec is not None:
-            plan.trees = self.spec.propose([r for r, n in zip(plan.reqs, plan.num_tokens) if n == 1])
-            if plan.trees and self.tree_budget is not None and prefetcher.active:
-                self._prune_trees(plan)
-            plan.num_tokens = [len(plan.trees[id(r)]) if id(r) in plan.trees else n
-                               for r, n in zip(plan.reqs, plan.num_tokens)]
-        updates = rejected + self._allocate(plan)
-        if plan.reqs:
-            if prefetcher is not None:  # the pass's own tokens, draft nodes included
-                prefetcher.before_verify(self._step_context(plan))
+        self.hooks.before_draft(plan)  # expert loads start while the draft proposes
+        self.hooks.draft(plan)  # speculation: draft trees for decoding requests
+        self.hooks.before_allocate(plan)  # budget-aware trees drop dear branches
+        updates += self._allocate(plan)
+        if plan.items:
+            self.hooks.before_forward(plan)  # loads for the pass's own tokens
             fb, rows = self._build_batch(plan)
-            logits = self.runner.forward(fb)
-            self._postprocess(plan, logits, rows)
-        if self.spec is not None:
-            # prompt chunks of this step (a tree's nodes are not a prefill)
-            prefill = [(r, n) for r, n in zip(plan.reqs, plan.num_tokens)
-                       if n > 1 and id(r) not in plan.trees]
-            if plan.reqs:
-                self.spec.after_prefill([r for r, _ in prefill if not r.finished
-                                         and r.kv_len == r.fill_len - 1], self.running,
-                                        sum(n for _, n in prefill))
-            self.spec.end_step(len(plan.reqs), bool(prefill))
-        if prefetcher is not None and decode_only and (self.spec is None or self.spec.step_typical):
-            # the gate's sample: the whole step, the draft and the predictors' work included
-            seconds = time.perf_counter() - t0
-            prefetcher.end_step(len(plan.reqs), self.spec.step_budget if self.spec else 1,
-                                seconds)
-            if self.tree_budget is not None and plan.trees:
-                self.tree_budget.observe_step(len(plan.reqs), seconds)
-        if self.tree_budget is not None and plan.reqs:
-            total = prefetcher.store.stats().total()
-            # waits for late prefetches count: with prefetch on, most loads a layer waits
-            # for were queued early but not done (a store may then report no misses at all)
-            self.tree_budget.observe_store(total.stall_seconds, total.misses + total.late,
-                                           sample=decode_only, loads=total.loads,
-                                           load_seconds=total.load_seconds)
+            self._postprocess(plan, self.runner.forward(fb), rows)
+        self.hooks.after_forward(plan)  # acceptance, draft catch-up, cost model
+        self.hooks.after_step(plan, time.perf_counter() - t0)  # gates time the whole step
+        return updates + self._finish(plan)
+
+    def _finish(self, plan: StepPlan) -> List[ReqUpdate]:
+        """Release finished requests; the updates of every request the step touched."""
         finished = [r for r in self.running if r.finished]
         for req in finished:
             self._release(req)
             self.running.remove(req)
         touched = plan.reqs + [r for r in finished if r not in plan.reqs]
-        updates += [u for r in touched if (u := self.outputs.maybe_update(r)) is not None]
-        if self.spec is not None:
-            for req in finished:
-                self.spec.forget(req)
-        if prefetcher is not None:
-            for req in finished:
-                prefetcher.forget(req.rid)
+        updates = [u for r in touched if (u := self.outputs.maybe_update(r)) is not None]
+        for req in finished:
+            self.hooks.on_finished(req)
         return updates
-
-    @property
-    def prefetcher(self):
-        """The target's ExpertPrefetcher (--moe-prefetch-predictor), or None."""
-        return self.runner.prefetcher
-
-    def _on_draft_level(self, reqs, trees) -> None:
-        from sglang.srt.expert_offload.messages import StepContext
-
-        self.prefetcher.on_draft_level(StepContext([r.rid for r in reqs],
-                                                   [list(t.tokens) for t in trees],
-                                                   [True] * len(reqs)))
-
-    def _prune_trees(self, plan: StepPlan) -> None:
-        """Budget-aware trees (speculative/expert_budget.py): price each tree's branches by
-        the expert loads only they need, against the tokens they are expected to bring.
-        Not in a step with a prompt chunk: its rows route to most experts, which load anyway."""
-        if any(n > 1 and id(r) not in plan.trees for r, n in zip(plan.reqs, plan.num_tokens)):
-            return
-        ctx = self._step_context(plan)
-        got = self.prefetcher.predictor.row_experts(ctx)
-        if got is None:
-            return
-        layers, chosen = got
-        chosen = chosen.cpu()  # [L, rows, E]: the pricing is host-side bookkeeping
-        fixed = torch.zeros(chosen.shape[0], chosen.shape[2], dtype=torch.bool)
-        for i, layer in enumerate(layers):  # resident or loading: no load to price
-            fixed[i, self.prefetcher.store.mapped(layer)] = True
-        trees, rates, rows, offset = [], [], [], 0
-        for req, toks in zip(plan.reqs, ctx.tokens):
-            r = chosen[:, offset : offset + len(toks)].transpose(0, 1)  # [n, L, E]
-            offset += len(toks)
-            tree = plan.trees.get(id(req))
-            trees.append(tree)
-            rows.append(r if tree is not None else None)
-            rates.append(self.spec.controller(req).ema_rate if tree is not None else 0.0)
-            if tree is None:  # rows that run anyway: their experts load regardless
-                fixed |= r.any(0)
-        for req, old, new in zip(plan.reqs, trees, self.tree_budget.prune(trees, rates, rows,
-                                                                          fixed)):
-            if old is None or new is old:
-                continue
-            if len(new) > 1:
-                plan.trees[id(req)] = new
-            else:  # nothing left to verify: a plain step for this request
-                del plan.trees[id(req)]
-
-    def _step_context(self, plan: StepPlan):
-        from sglang.srt.expert_offload.messages import StepContext
-
-        tokens, is_tree = [], []
-        for req, n in zip(plan.reqs, plan.num_tokens):
-            tree = plan.trees.get(id(req)) if plan.trees else None
-            tokens.append(list(tree.tokens) if tree is not None
-                          else req.fill_ids[req.kv_len : req.kv_len + n])
-            is_tree.append(tree is not None)
-        return StepContext([r.rid for r in plan.reqs], tokens, is_tree,
-                           [r.kv_len for r in plan.reqs])
 
     def _admit(self) -> None:
         if not self.waiting:
@@ -370,7 +278,7 @@ class Scheduler:
         if not self.running:
             return None
         budget = self.prefill_budget
-        reqs, nums = [], []
+        items: List[ScheduledReq] = []
         # Decodes first: they always advance; prefill chunks share what budget remains.
         for req in sorted(self.running, key=lambda r: r.fill_len - r.kv_len > 1):
             remaining = req.fill_len - req.kv_len
@@ -381,15 +289,14 @@ class Scheduler:
                 if n <= 0:
                     continue
                 budget -= n
-            reqs.append(req)
-            nums.append(n)
-        return StepPlan(reqs, nums)
+            items.append(ScheduledReq(req, n))
+        return StepPlan(items, decode_only=bool(items) and all(it.count == 1 for it in items))
 
     def _allocate(self, plan: StepPlan) -> List[ReqUpdate]:
         """Give every planned token a KV slot; evict cache, then retract, when short."""
         updates: List[ReqUpdate] = []
-        while plan.reqs:
-            need = sum(plan.num_tokens)
+        while plan.items:
+            need = sum(it.num_tokens for it in plan.items)
             short = need - self.allocator.available_size()
             if short > 0:
                 self.tree_cache.evict(short)
@@ -398,81 +305,77 @@ class Scheduler:
                 break
             if len(self.running) == 1:
                 # One request alone does not fit: shrink its chunk, or fail it clearly.
-                avail = self.allocator.available_size()
-                if avail > 0 and plan.num_tokens[0] > 1:
-                    plan.num_tokens[0] = min(plan.num_tokens[0], avail)
+                avail, first = self.allocator.available_size(), plan.items[0]
+                if avail > 0 and first.num_tokens > 1 and first.tree is None:
+                    first.count = min(first.count, avail)
                     continue
                 req = self.running[0]
                 req.finished_reason = {"type": "abort", "status_code": 400,
                                        "message": "The KV pool is too small for this request; "
                                                   "raise --max-total-tokens."}
-                plan.reqs, plan.num_tokens = [], []
+                plan.items = []
                 break
             victim = max(self.running, key=lambda r: (r.admitted_step, r.fill_len))
             self._retract(victim)
-            if victim in plan.reqs:
-                i = plan.reqs.index(victim)
-                del plan.reqs[i], plan.num_tokens[i]
-        for req, n in zip(plan.reqs, plan.num_tokens):
-            slots = self.allocator.alloc(n)
-            self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots)
+            plan.items = [it for it in plan.items if it.req is not victim]
+        for it in plan.items:
+            slots = self.allocator.alloc(it.num_tokens)
+            self.req_to_token_pool.write(it.req.req_pool_idx, it.req.kv_len, slots)
         return updates
 
     def _build_batch(self, plan: StepPlan):
         ids, pos, rows, logit_rows, masks = [], [], [], [], []
         start = 0
-        for req, n in zip(plan.reqs, plan.num_tokens):
-            tree = plan.trees.get(id(req))
+        for it in plan.items:
+            req, n, tree = it.req, it.num_tokens, it.tree
+            ids.extend(it.tokens())
             if tree is not None:
                 # Verify: the whole tree, each node at its depth, under the tree mask.
-                ids.extend(tree.tokens)
                 pos.extend(req.kv_len + d for d in tree.depths)
                 masks.append(tree.attention_mask(req.kv_len))
                 rows.append(list(range(start, start + n)))
                 logit_rows.extend(rows[-1])
             else:
-                ids.extend(req.fill_ids[req.kv_len : req.kv_len + n])
                 pos.extend(range(req.kv_len, req.kv_len + n))
                 masks.append(None)
                 rows.append(self.outputs.logit_rows(req, req.kv_len, n, start))
                 logit_rows.extend(rows[-1].all_rows())
             start += n
         table = self.req_to_token_pool.req_to_token
+        nums = [it.num_tokens for it in plan.items]
         req_idx = torch.tensor([r.req_pool_idx for r in plan.reqs], dtype=torch.int64)
-        seq_lens = [r.kv_len + n for r, n in zip(plan.reqs, plan.num_tokens)]
+        seq_lens = [r.kv_len + n for r, n in zip(plan.reqs, nums)]
         out_loc = torch.cat([table[r.req_pool_idx, r.kv_len : r.kv_len + n]
-                             for r, n in zip(plan.reqs, plan.num_tokens)])
-        mode = ForwardMode.DECODE if all(n == 1 for n in plan.num_tokens) else ForwardMode.EXTEND
-        if plan.trees:
-            mode = ForwardMode.TARGET_VERIFY
+                             for r, n in zip(plan.reqs, nums)])
+        trees = plan.has_trees
+        mode = (ForwardMode.TARGET_VERIFY if trees else
+                ForwardMode.DECODE if all(n == 1 for n in nums) else ForwardMode.EXTEND)
         fb = ForwardBatch(
-            forward_mode=mode, batch_size=len(plan.reqs),
+            forward_mode=mode, batch_size=len(plan.items),
             input_ids=torch.tensor(ids, dtype=torch.int64),
             positions=torch.tensor(pos, dtype=torch.int64),
             req_pool_indices=req_idx, seq_lens=torch.tensor(seq_lens),
-            extend_seq_lens=torch.tensor(plan.num_tokens), out_cache_loc=out_loc,
+            extend_seq_lens=torch.tensor(nums), out_cache_loc=out_loc,
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.runner.kv_pool,
             attn_backend=self.runner.attn_backend, seq_lens_cpu=seq_lens,
-            extend_seq_lens_cpu=list(plan.num_tokens),
+            extend_seq_lens_cpu=list(nums),
             logits_indices=torch.tensor(logit_rows, dtype=torch.int64),
-            custom_mask=masks if plan.trees else None,
+            custom_mask=masks if trees else None,
         )
         return fb, rows
 
     def _postprocess(self, plan: StepPlan, logits: torch.Tensor, rows) -> None:
         offset = 0
         samplers = []
-        for req, n, r in zip(plan.reqs, plan.num_tokens, rows):
-            tree = plan.trees.get(id(req))
-            if tree is not None:
-                self._accept_tree(req, tree, logits[offset : offset + n])
+        for it, r in zip(plan.items, rows):
+            req, n = it.req, it.num_tokens
+            if it.tree is not None:
+                self._accept_tree(it, logits[offset : offset + n])
                 offset += n
                 continue
             k = len(r.all_rows())
             req_logits = logits[offset : offset + k]
             offset += k
-            if self.spec is not None and n == 1:
-                self.spec.record(req, offered=0, accepted=0, emitted=1)
             req.kv_len += n
             self.outputs.collect_input_logprobs(req, r, req_logits)
             if req.kv_len == req.fill_len:
@@ -486,11 +389,13 @@ class Scheduler:
             self.outputs.sample_and_append([s[0] for s in samplers],
                                            torch.stack([s[1] for s in samplers]))
 
-    def _accept_tree(self, req: Req, tree, logits: torch.Tensor) -> None:
+    def _accept_tree(self, it: ScheduledReq, logits: torch.Tensor) -> None:
         """Append the accepted run; keep the KV of its nodes, free the rest of the tree."""
+        req, tree = it.req, it.tree
         result = self.spec.verify(req, tree, logits)
         emitted = self.outputs.append_verified(req, result.tokens, logits[result.path])
-        self.spec.record(req, max(tree.depths), min(emitted, result.num_accepted_drafts), emitted)
+        it.offered, it.emitted = max(tree.depths), emitted
+        it.accepted = min(emitted, result.num_accepted_drafts)
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         tree_slots = row[req.kv_len : req.kv_len + len(tree)].clone()
         keep = result.path[:emitted]  # the root plus every accepted node still in the output
@@ -540,8 +445,8 @@ class Scheduler:
 
     def calibrate(self) -> None:
         """Before serving: time plain and speculative steps per batch size for the cost
-        model (--speculative-calibrate-seconds; speculative/calibration.py)."""
-        from sglang.srt.speculative.calibration import calibrate
+        model (--speculative-calibrate-seconds; managers/spec_calibration.py)."""
+        from sglang.srt.managers.spec_calibration import calibrate
 
         self.spec_calibration = calibrate(self, self.server_args.speculative_calibrate_seconds)
 

@@ -20,7 +20,7 @@ from sglang.srt.expert_offload.config import OffloadConfig
 from sglang.srt.expert_offload.prefetcher import ExpertPrefetcher
 from sglang.srt.expert_offload.store import ExpertStore
 from sglang.srt.mem_cache.memory_pool import TokenSlotAllocator
-from sglang.srt.mem_cache.mla_pool import create_kv_pool, kv_bytes_per_token  # MLA-aware (issue 4)
+from sglang.srt.mem_cache.mla_pool import create_kv_pool, kv_bytes_per_token  # MLA-aware
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.server_args import ServerArgs
 
@@ -69,7 +69,7 @@ class ModelRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_dtype = self.dtype
         self.max_total_num_tokens = max_total_tokens or self._profile_max_tokens(max_running_requests)
-        # MLA (issue 4): DeepSeek-V2/V3 get a pool of compressed latents, others a KVPool.
+        # MLA: DeepSeek-V2/V3 get a pool of compressed latents, others a KVPool.
         self.kv_pool = create_kv_pool(cfg, self.max_total_num_tokens, self.kv_dtype, self.device)
         self.allocator = TokenSlotAllocator(self.max_total_num_tokens, self.device)
         self.attn_backend = create_attention_backend(server_args.attention_backend)

@@ -20,6 +20,8 @@ import logging
 import time
 from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
+from sglang.srt.utils.stats import WindowedMin, batch_bucket, ema
+
 logger = logging.getLogger(__name__)
 
 SPEC, PLAIN, PROBE = "spec", "plain", "probe"
@@ -117,19 +119,16 @@ def decided_positions(accepted: int, offered: int) -> int:
 
 
 class AcceptanceEMA:
-    """Per-position acceptance probability, the `rate` expected_tokens() takes: recent
-    accepted positions over recent decided ones. Accepted over offered (what the fallback
-    window counts) is biased low for a chain: at a true 0.8 per position a chain of 4
-    accepts 2.36 of 4 (0.59), and expected_tokens(0.59, 4) = 2.26 against 3.36 emitted,
-    which made the cost model run plain decoding at 1 request where the chain of 4 won."""
+    """Per-position acceptance probability, the `rate` expected_tokens() takes: decayed
+    accepted positions over decayed decided ones. Accepted over offered (what the fallback
+    window counts) is biased low for a chain, and underrated speculation (docs/decisions.md)."""
 
     def __init__(self, prior: float, decay: float) -> None:
         self.hits, self.trials, self.decay = prior, 1.0, decay
 
     def update(self, accepted: int, offered: int) -> float:
-        self.hits = self.decay * self.hits + (1 - self.decay) * accepted
-        self.trials = self.decay * self.trials + (1 - self.decay) * decided_positions(
-            accepted, offered)
+        self.hits = ema(self.hits, accepted, self.decay)
+        self.trials = ema(self.trials, decided_positions(accepted, offered), self.decay)
         return self.rate
 
     @property
@@ -145,8 +144,8 @@ def expected_tokens(rate: float, depth: int) -> float:
 
 
 # A budget whose start-up (calibration) speed comes within this fraction of the best option
-# gets one real step: a single start-up sample caught in a slow moment of a shared host kept
-# the chain of 4 off at 1 request for a whole run (re-measures come every 200 steps).
+# gets one real step: one unlucky start-up sample must not rule it out for a whole run
+# (docs/decisions.md).
 CALIBRATION_MARGIN = 0.75
 
 
@@ -157,38 +156,34 @@ class CostModel:
     def __init__(self, budgets: Sequence[int], window: int = 8, explore_every: int = 200,
                  min_samples: int = 2, spec_samples: int = 1) -> None:
         self.budgets = sorted(set(b for b in budgets if b >= 1) | {1})
-        # An option's step time is the fastest of its last `window` samples. Noise only ever
-        # adds time (a shared CPU had 45% of its cycles stolen by the host, single steps
-        # 2-5x slower), and a moving average of such samples made plain decoding look as
-        # slow as speculation at 16 requests; the recent minimum still follows a context
-        # that grows (benchmark/results/adaptive_spec_sweep.json, docs/architecture.md).
+        # An option's step time is the fastest of its last `window` samples: noise on a
+        # shared host only ever adds time, and the recent minimum still follows a context
+        # that grows (docs/decisions.md).
         self.window = window
         self.explore_every = explore_every
         # Each option is measured this many times before the model trusts it, keeping the
         # fastest sample: a one-off cost (an allocation, a draft catching up on a prompt)
         # in the only sample of an option that is then never chosen would never be corrected.
         self.min_samples = min_samples
-        # A speculative budget is trusted after one sample: each costs several plain steps
-        # (1.8 s vs 0.39 s at 16 requests on the CPU box), and its usual one-off (the draft
-        # reading prompts) is kept out by the spec worker; a sample too slow only delays
-        # speculation until the periodic re-measure.
+        # A speculative budget is trusted after one sample: each costs several plain steps,
+        # its usual one-off (the draft reading prompts) is kept out by the spec worker, and
+        # a sample too slow only delays speculation until the periodic re-measure
+        # (docs/decisions.md).
         self.spec_samples = spec_samples
         self.counts: Dict[Tuple[int, int], int] = {}
-        self.samples: Dict[Tuple[int, int], Deque[float]] = {}
-        self.times: Dict[Tuple[int, int], float] = {}  # min of samples[key]
+        self.samples: Dict[Tuple[int, int], WindowedMin] = {}
+        self.times: Dict[Tuple[int, int], float] = {}  # samples[key].value
         self.last_seen: Dict[Tuple[int, int], int] = {}
         self.calibrated: set = set()  # keys whose samples all came from the calibration
         self.step = 0
         # Seconds per token of the draft reading a backlog (prompts it skipped, a plain
         # stretch): the price of starting to speculate for a request that is behind.
-        self.catch_up_samples: Deque[float] = collections.deque(maxlen=window)
+        self.catch_up_samples = WindowedMin(window)
         # Before any catch-up is measured: the target's prefill seconds per token scaled
         # by the draft's share of the parameters (a draft read is a small prefill).
         self.catch_up_prior: Optional[float] = None
 
-    @staticmethod
-    def _bucket(bs: int) -> int:
-        return bs if bs <= 4 else 1 << (bs - 1).bit_length()  # 1,2,3,4,8,16,...
+    _bucket = staticmethod(batch_bucket)  # 1, 2, 3, 4, 8, 16, ...
 
     def observe(self, bs: int, budget: int, seconds: float, calibration: bool = False) -> None:
         """A pure decode step of `bs` requests at `budget` took `seconds`. Calibration
@@ -196,20 +191,20 @@ class CostModel:
         option, which replaces them: a real context may be dearer, and the fastest of the
         window would otherwise keep the optimistic start-up time for `window` steps."""
         key = (self._bucket(bs), budget)
-        recent = self.samples.setdefault(key, collections.deque(maxlen=self.window))
+        recent = self.samples.setdefault(key, WindowedMin(self.window))
         if calibration:
             self.calibrated.add(key)
         elif key in self.calibrated:
             self.calibrated.discard(key)
             recent.clear()
-        recent.append(seconds)
-        self.times[key] = min(recent)
+        recent.add(seconds)
+        self.times[key] = recent.value
         self.counts[key] = self.counts.get(key, 0) + 1
         self.last_seen[key] = self.step
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens > 0:
-            self.catch_up_samples.append(seconds / tokens)
+            self.catch_up_samples.add(seconds / tokens)
 
     def observe_prefill(self, tokens: int, seconds: float, draft_share: float) -> None:
         """A target prefill of `tokens` took `seconds`: prices a draft token until a real
@@ -220,7 +215,8 @@ class CostModel:
 
     @property
     def catch_up_token_s(self) -> Optional[float]:
-        return min(self.catch_up_samples) if self.catch_up_samples else self.catch_up_prior
+        fastest = self.catch_up_samples.value
+        return self.catch_up_prior if fastest is None else fastest
 
     def _samples(self, budget: int) -> int:
         return self.min_samples if budget <= 1 else self.spec_samples
@@ -305,9 +301,8 @@ class CostModel:
         the budget's measured speed, or its optimistic bound while unmeasured) exceeds the
         catch-up's (seconds per draft token, measured). Unknown plain speed or catch-up
         price: yes (the first catch-up measures it), unless every budget was found losing
-        at a smaller batch. Why: an exploring step at 4 requests paid 5 s to read four
-        skipped 256-token prompts, ~20 plain steps, to measure a budget that saved nothing
-        on 10 tokens left (benchmark/results/adaptive_spec_sweep.json)."""
+        at a smaller batch. Why: a catch-up can cost many plain steps to measure a budget
+        that saves nothing on the few tokens left (docs/decisions.md)."""
         if backlog <= 0 or not rates:
             return True
         bs = self._bucket(len(rates))
@@ -338,9 +333,9 @@ class CostModel:
         """Budget for this step; `depth_of(budget)` is the tree depth a budget gives.
 
         Exploration goes up from plain decoding, one budget at a time, and skips a budget
-        that cannot win even at the cost of the measured smaller ones: on a machine where a
-        speculative step costs ~3 plain steps, measuring every budget twice took a quarter
-        of a 32-token answer at half speed (benchmark/results/adaptive_spec_sweep.json)."""
+        that cannot win even at the cost of the measured smaller ones: where a speculative
+        step costs several plain ones, measuring every budget is a large share of a short
+        answer (docs/decisions.md)."""
         self.step += 1
         bs = self._bucket(len(rates))
         best, best_speed, explore = self._survey(bs, rates, depth_of)

@@ -315,8 +315,8 @@ class DraftKV:
         A full pick happens when the view has no chunks (after a split or a rebase); later
         refreshes swap in at most `_swaps` newcomers, each replacing the lowest-scored kept
         chunk that left the top set: a recomputed chunk costs a draft forward of its tokens,
-        and with every chunk re-picked each refresh that cost ~450 ms per step on the real
-        pair (session 3), more than the acceptance it bought."""
+        and re-picking every chunk each refresh cost more than the acceptance it bought
+        (docs/decisions.md)."""
         cfg, c = self.cfg, self.cfg.chunk_size
         lo = -(-cfg.sink // c)
         hi = min(ctx.num_summaries, ctx.window_start // c)
@@ -364,8 +364,7 @@ class DraftKV:
         """Chunks in [lo, hi) that hold what followed the text's latest tokens where they
         occurred earlier in the document (longest suffix match, latest occurrence first):
         a model quoting a clause copies it, and mean keys alone often miss the clause
-        (measured on the GDPR quote question at 16K: retrieval's acceptance fell to
-        streaming's, 1.94 tokens a step, against 3.05 for the full context)."""
+        (docs/decisions.md)."""
         c = self.cfg.chunk_size
         a, b, end = lo * c, hi * c, len(tokens)
         cap = max(1, self.cfg.num_chunks // 4)

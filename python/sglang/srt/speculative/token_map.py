@@ -1,11 +1,11 @@
 """A draft model's hot vocabulary (`--speculative-token-map`, as upstream's FR-Spec option).
 
 The draft's vocabulary projection is a large part of a small draft's step: Qwen2.5-0.5B's
-151,936 x 896 lm_head is ~27% of the bytes one of its decode steps reads. With a token map
-the draft scores only the listed tokens (the most frequent ones of the domain), so every
-draft step reads a fraction of that matrix. Proposals are limited to the map; verification
-is untouched, so the output is still exactly the target's (a token outside the map is simply
-never proposed, it comes as the bonus or a correction token).
+151,936 x 896 lm_head is ~27% of the bytes one of its decode steps reads (docs/decisions.md).
+With a token map the draft scores only the listed tokens (the most frequent ones of the
+domain), so every draft step reads a fraction of that matrix. Proposals are limited to the map;
+verification is untouched, so the output is still exactly the target's (a token outside the map
+is simply never proposed, it comes as the bonus or a correction token).
 
 File formats: a `torch.save`d 1-D tensor or list of token ids (upstream's format), a JSON
 list, or a text file with one id per line; `scripts/build_token_map.py` writes one from a

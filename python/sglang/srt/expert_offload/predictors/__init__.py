@@ -1,4 +1,4 @@
-"""Expert predictors by name (`--moe-prefetch-predictor`)."""
+"""Expert predictors by name (sglang.srt.registry.EXPERT_PREDICTORS)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,15 @@ from sglang.srt.expert_offload.predictors.ensemble import EnsemblePredictor
 from sglang.srt.expert_offload.predictors.layer_ahead import LayerAheadPredictor
 from sglang.srt.expert_offload.predictors.reuse import ReusePredictor
 from sglang.srt.expert_offload.routing.router_stack import RouterView
+from sglang.srt.registry import EXPERT_PREDICTORS
 
-PREDICTORS = ("none", "reuse", "layer_ahead", "draft", "ensemble")
+PREDICTORS = EXPERT_PREDICTORS.names
+
+__all__ = ["PREDICTORS", "DraftPredictor", "EnsemblePredictor", "ExpertPredictor",
+           "LayerAheadPredictor", "ReusePredictor", "build_predictor"]
 
 
 def build_predictor(name: str, views: Dict[int, RouterView], embed: torch.nn.Embedding,
                     width: int, num_slots: int, keep_width: int,
                     min_prob: float) -> ExpertPredictor:
-    if name not in PREDICTORS:
-        raise ValueError(f"--moe-prefetch-predictor must be one of {PREDICTORS}, got {name!r}")
-    if name == "reuse":
-        return ReusePredictor(width)
-    if name == "layer_ahead":
-        return LayerAheadPredictor(views, width)
-    if name == "draft":
-        return DraftPredictor(views, embed, width, keep_width, min_prob)
-    if name == "ensemble":
-        return EnsemblePredictor([DraftPredictor(views, embed, width, keep_width, min_prob),
-                                  LayerAheadPredictor(views, width),
-                                  ReusePredictor(width)], num_slots)
-    return ExpertPredictor()
+    return EXPERT_PREDICTORS.load(name)(views, embed, width, num_slots, keep_width, min_prob)

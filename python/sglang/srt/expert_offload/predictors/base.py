@@ -72,3 +72,8 @@ class ExpertPredictor:
 
     def forget(self, rid: str) -> None:
         pass
+
+
+def build(views, embed, width: int, num_slots: int, keep_width: int,
+          min_prob: float) -> ExpertPredictor:
+    return ExpertPredictor()

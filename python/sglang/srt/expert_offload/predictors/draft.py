@@ -28,7 +28,7 @@ class DraftPredictor(ExpertPredictor):
         self.views, self.embed, self.width = views, embed, width
         self.routers = RouterStack(views)
         # min_prob > 0: fetch the experts the pass uses with at least that probability, from
-        # rates learned per row source / layer / rank (route_calibration.py), instead of
+        # rates learned per row source / layer / rank (routing/calibration.py), instead of
         # every row's top-(k + width); 0: the fixed rule.
         self.min_prob = min_prob
         self.calibration: Optional[RankCalibration] = None
@@ -41,8 +41,8 @@ class DraftPredictor(ExpertPredictor):
         # those layers has run (`_routed`: layer -> its topk_ids so far)
         self._pass: Optional[tuple] = None
         self._routed: Dict[int, torch.Tensor] = {}
-        # Experts in some row's top-(k + width + keep_width) are kept from eviction this step
-        # (route_predict.py: top-3 held 0.995 of the SmolLM2 target's top-2).
+        # Experts in some row's top-(k + width + keep_width) are kept from eviction this step:
+        # one rank past the fetch covers nearly all of what the pass uses (docs/decisions.md).
         self.keep_width = keep_width
         self.keep: Dict[int, Dict[int, float]] = {}  # layer -> kept expert -> router mass
         # rid -> (token id, {layer: residual [H]}) of the request's latest processed token
@@ -63,9 +63,8 @@ class DraftPredictor(ExpertPredictor):
     def use_draft_hidden(self, hidden_size: int, num_layers: int) -> bool:
         """A draft of the target's width reads, at each layer, a residual stream the
         target's router can take as it is when the two models share their lineage (an MoE
-        upcycled from the draft, an EAGLE head on the target's features): offline on the
-        SmolLM2 pair, 0.955 of each token's top-2 experts per layer from the draft's own
-        residual, 0.995 with one more (1.5x), against 0.48 from the estimate below. Layers
+        upcycled from the draft, an EAGLE head on the target's features); it names the
+        target's experts about twice as well as the estimate below (docs/decisions.md). Layers
         are matched by depth fraction. A draft of another width reads the same way through
         a RoutingMap (route_map.py) learned online from the server's own prefills; until it
         has enough samples the estimate below stands in."""
@@ -151,7 +150,7 @@ class DraftPredictor(ExpertPredictor):
 
     def _calibrated(self, layers: List[int], stack: torch.Tensor, sources: torch.Tensor,
                     mapped: bool, whole_pass: bool) -> tuple:
-        """fetch / keep by calibrated pass probabilities (route_calibration.py); layers the
+        """fetch / keep by calibrated pass probabilities (routing/calibration.py); layers the
         calibration does not cover (another expert count) by the fixed rule."""
         cal = self.calibration
         if mapped:
@@ -243,7 +242,7 @@ class DraftPredictor(ExpertPredictor):
     def row_experts(self, ctx: StepContext) -> Optional[tuple]:
         """(layers, [L, rows, E] bool): the experts each row of the pass is predicted to be
         routed to (its top-k), from the draft's residuals where it has them, else the
-        estimate. What budget-aware trees price (speculative/expert_budget.py)."""
+        estimate. What budget-aware trees price (expert_offload/tree_budget.py)."""
         drafted = bool(self.drafted) and self._reads_draft()
         layers, x, _ = self._drafted_rows(ctx) if drafted else self._estimated_rows(ctx)
         if x is None or not layers:
@@ -376,3 +375,8 @@ class DraftPredictor(ExpertPredictor):
         self.latest.pop(rid, None)
         if self.routemap is not None:
             self.routemap.forget(rid)
+
+
+def build(views, embed, width: int, num_slots: int, keep_width: int,
+          min_prob: float) -> DraftPredictor:
+    return DraftPredictor(views, embed, width, keep_width, min_prob)

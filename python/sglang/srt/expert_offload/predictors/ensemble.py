@@ -78,3 +78,14 @@ class EnsemblePredictor(ExpertPredictor):
     def forget(self, rid):
         for m in self.members:
             m.forget(rid)
+
+
+def build(views, embed, width: int, num_slots: int, keep_width: int,
+          min_prob: float) -> EnsemblePredictor:
+    from sglang.srt.expert_offload.predictors.draft import DraftPredictor
+    from sglang.srt.expert_offload.predictors.layer_ahead import LayerAheadPredictor
+    from sglang.srt.expert_offload.predictors.reuse import ReusePredictor
+
+    return EnsemblePredictor([DraftPredictor(views, embed, width, keep_width, min_prob),
+                              LayerAheadPredictor(views, width),
+                              ReusePredictor(width)], num_slots)

@@ -24,3 +24,8 @@ class LayerAheadPredictor(ExpertPredictor):
             return {}
         view = self.views[self.layers[i]]
         return {view.layer: route_rank(view, residual, self.width)}
+
+
+def build(views, embed, width: int, num_slots: int, keep_width: int,
+          min_prob: float) -> LayerAheadPredictor:
+    return LayerAheadPredictor(views, width)

@@ -43,3 +43,8 @@ class ReusePredictor(ExpertPredictor):
         self.history[layer] = hist * self.decay + counts
         order = torch.argsort(counts, descending=True, stable=True)
         self.last[layer] = [int(e) for e in order[: int((counts > 0).sum())].tolist()]
+
+
+def build(views, embed, width: int, num_slots: int, keep_width: int,
+          min_prob: float) -> ReusePredictor:
+    return ReusePredictor(width)

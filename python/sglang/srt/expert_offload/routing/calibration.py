@@ -1,14 +1,14 @@
 """Calibrated expert probabilities for the `draft` predictor's prefetch cut.
 
 A fixed rule, "fetch every row's top-(k + width)", fetches as many experts for a row the
-predictor reads well (the SmolLM2 draft's own residual: 0.95 of a token's top-2) as for one it
-reads badly (the Qwen routing map: 0.73 of top-4; a row one token back; the embedding
-estimate: 0.49), and ranks a pass's experts by summed router scores, which mean different
-things from different sources. Here each (row source, layer, predicted rank) learns online how
-often the expert ranked there is one the row is then routed to. A row then says P(row uses e);
-the pass uses e with P = 1 - prod over its rows of (1 - P(row uses e)); the prefetch fetches
-the experts with P at or above a cut, likeliest first, and keeps those above half the cut
-from eviction, with P as the score the store's swaps compare (expert_store.SWAP_MARGIN).
+predictor reads well (the draft's own residual) as for one it reads badly (a routing map, a row
+one token back, the embedding estimate; docs/decisions.md), and ranks a pass's experts by
+summed router scores, which mean different things from different sources. Here each (row
+source, layer, predicted rank) learns online how often the expert ranked there is one the row
+is then routed to. A row then says P(row uses e); the pass uses e with P = 1 - prod over its
+rows of (1 - P(row uses e)); the prefetch fetches the experts with P at or above a cut,
+likeliest first, and keeps those above half the cut from eviction, with P as the score the
+store's swaps compare (store.SWAP_MARGIN).
 
 Rates are shrunk toward the same source's rate over all layers, and that toward a fixed prior
 (top-k ranks mostly right), so a new server cuts sensibly from its first step.

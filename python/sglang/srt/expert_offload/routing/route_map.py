@@ -6,11 +6,8 @@ drafting for the 1.5B MoE, 1536) cannot; but its residual stream still says much
 token in context. Per target MoE layer L, a ridge regression from the draft's residual at
 the layer of the same depth fraction (plus a constant) to L's router logits.
 
-The map is only as good as its pairs are many: offline on the Qwen pair (2,048 tokens of
-the AI Act, fitted on the first n, tested on the last 256), top-4 of 16 recall 0.46 / 0.62 /
-0.73 / 0.75 / 0.78 from n = 128 / 256 / 512 / 1,024 / 1,536, and for chains of 4 rows the
-union of each row's top-5 holds 0.69 / 0.80 / 0.86 / 0.87 / 0.89 of the experts they use at
-1.58 / 1.40 / 1.30 / 1.27 / 1.24x over-fetch (the previous token's own routing: 0.64).
+The map is only as good as its pairs are many: its recall keeps rising well past a few
+hundred pairs (docs/decisions.md), hence pairs from both prompts and verifies.
 
 Samples come from the server's own work, no calibration pass:
 - prompts: the target's prefill (and plain decode) rows give (request, token index) ->

@@ -1,14 +1,13 @@
 """Running the target's routers ahead of time: which experts would these rows pick?
 
-A predictor (prefetch.py) feeds residual streams it has or estimates to the routers of the
+A predictor (predictors/) feeds residual streams it has or estimates to the routers of the
 target's MoE layers and asks two questions per layer:
 - fetch: the experts in some row's top-(k + extra), most router mass first: what to load;
 - keep: the experts in some row's top-(k + extra + keep_extra), each with its router mass
   (summed over the rows that have it in that top): what a load must not evict, and how much
-  each is worth. On the SmolLM2 pair, the draft's residual names 0.955 of the target's
-  top-2 per layer and top-3 covers 0.995, so an expert outside every row's top-3 is all but
-  surely idle in the coming pass, and one inside it is worth the slot it holds unless a
-  likelier one needs it.
+  each is worth. Top-(k + 1) covers nearly all of what a pass uses, so an expert outside it
+  for every row is all but surely idle in the coming pass, and one inside it is worth the
+  slot it holds unless a likelier one needs it (docs/decisions.md).
 
 `RouterStack` answers for every layer at once: a few batched tensor ops instead of ~8 small
 ones per layer (SmolLM2 has 30 MoE layers, and the draft asks after each of its forwards).

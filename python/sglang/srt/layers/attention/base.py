@@ -36,14 +36,6 @@ class AttentionBackend(ABC):
 
 
 def create_attention_backend(name: str) -> AttentionBackend:
-    if name == "torch_native":
-        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.registry import ATTENTION_BACKENDS
 
-        return TorchNativeAttnBackend()
-    if name == "triton":
-        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
-        return TritonAttnBackend()
-    raise ValueError(
-        f"--attention-backend {name!r} is not available on this machine; use torch_native"
-    )
+    return ATTENTION_BACKENDS.load(name)()

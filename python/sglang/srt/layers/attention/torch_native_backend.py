@@ -21,16 +21,15 @@ if TYPE_CHECKING:
 
 _CAUSAL = torch.ones(0, dtype=torch.bool)  # marker: queries and keys aligned, plain causal
 # Decode and verify (few query rows): grouped-query heads are folded into the query rows
-# instead of SDPA's enable_gqa, which expands K and V per query head. Measured at 8K context
-# (Qwen2.5-1.5B heads, bf16): 45 -> 8 ms per layer; above this many rows (prefill chunks)
-# the repeated mask would cost more than the expansion.
+# instead of SDPA's enable_gqa, which expands K and V per query head (docs/decisions.md);
+# above this many rows (prefill chunks) the repeated mask would cost more than the expansion.
 _FOLD_MAX_ROWS = 64
 
 
 def _as_slice(idx: torch.Tensor):
     """`idx` as a slice when it is an ascending run of slots (the usual case: a request's
     slots are allocated together), so the per-layer KV read is a view, not a gather copy
-    (measured at 4K context: decode attention 5.1 -> 2.3 ms per layer, same output)."""
+    (same output; docs/decisions.md)."""
     n = int(idx.numel())
     if n == 0 or idx.dim() != 1:
         return idx
@@ -42,8 +41,8 @@ def _as_slice(idx: torch.Tensor):
 
 # Decode and verify rows (at most this many per request) go to sgl_kernel's decode_attention
 # when it is built: it reads each KV row in place through the slot list (no gather, any
-# number of runs) and splits the keys over the threads. Measured at 8K keys, SmolLM2 heads:
-# fp32 1.5 -> 0.5 ms per layer vs the folded SDPA.
+# number of runs) and splits the keys over the threads, beating the folded SDPA
+# (docs/decisions.md).
 _KERNEL_MAX_ROWS = 16
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -61,8 +60,8 @@ def _decode_kernel():
 # tokens; a verify tree's slots) is attended run by run and merged by log-sum-exp instead of
 # gathered: at long context the gather copies as many bytes per layer as attention reads.
 _MAX_RUNS = 8
-# Below this many keys the gather is cheaper than a SDPA call per run plus the merge
-# (measured with the real Qwen pair: ~1.3 ms per call at 500 keys, mostly fixed costs).
+# Below this many keys the gather is cheaper than a SDPA call per run plus the merge, whose
+# cost is mostly fixed per call (docs/decisions.md).
 _RUNS_MIN_KEYS = 2048
 
 
@@ -157,8 +156,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             elif ext == 1:
                 mask = None  # a single query attends to the whole prefix
             elif ext == _length(self._kv_idx[-1]):
-                # no prefix: SDPA's own causal path skips the masked half (measured 1.8x
-                # faster than a boolean mask at 2K tokens, bit-identical output)
+                # no prefix: SDPA's own causal path skips the masked half (faster than a
+                # boolean mask, bit-identical output; docs/decisions.md)
                 mask = _CAUSAL
             else:
                 kv_len = _length(self._kv_idx[-1])

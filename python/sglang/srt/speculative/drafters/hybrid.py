@@ -85,8 +85,11 @@ def merge_trees(root: int, trees: Dict[str, Optional[DraftTree]], weights: Dict[
 
 
 class HybridDrafter(Drafter):
+    name = "hybrid"
+
     def __init__(self, ngram: Drafter, model: Drafter, probe_every: int = 8) -> None:
         self.ngram, self.model = ngram, model
+        self.draft_kv = model.draft_kv  # the draft model's KV hangs off the radix cache
         self.probe_every = probe_every  # steps between draft-model probes while skipped
         self.weights: Dict[str, DrafterWeights] = {}
         self.origins: Dict[str, List[frozenset]] = {}  # rid -> origins of its last tree
@@ -138,7 +141,10 @@ class HybridDrafter(Drafter):
         credit = {n: sum(n in origins[i] for i in path[1:]) for n in NAMES}
         self.weights.setdefault(req.rid, DrafterWeights()).update(credit)
 
-    def drafter_weights(self, req) -> Dict[str, float]:
+    def observe(self, observer) -> None:
+        self.model.observe(observer)
+
+    def weights_of(self, req) -> Dict[str, float]:
         """The request's weights now (read-only: the final update comes after release)."""
         w = self.weights.get(req.rid)
         if w is None:
@@ -147,7 +153,7 @@ class HybridDrafter(Drafter):
 
     def release(self, req) -> None:
         """Drop the n-gram index and the weights. The draft model's KV is not touched here:
-        the SpecWorker releases it (into the radix cache) as the `kv_drafter`."""
+        the SpecWorker releases it (into the radix cache) through `draft_kv`."""
         self.ngram.release(req)
         w = self.weights.pop(req.rid, None)
         if w is not None:  # the finished request's meta_info still reports them
@@ -160,3 +166,14 @@ class HybridDrafter(Drafter):
         self.ngram.check_all_free()
         self.model.check_all_free()
         assert not self.weights and not self.origins, "hybrid state left for finished requests"
+
+
+def build(cfg, server_args, max_running: int, context_len: int, max_total_tokens: int,
+          chunk_size: int) -> HybridDrafter:
+    """HYBRID: n-gram and draft-model candidates in one tree, weighted per request."""
+    from sglang.srt.speculative.drafters import ngram, standalone
+
+    return HybridDrafter(ngram.build(cfg, server_args, max_running, context_len,
+                                     max_total_tokens, chunk_size),
+                         standalone.build(cfg, server_args, max_running, context_len,
+                                          max_total_tokens, chunk_size))

@@ -50,6 +50,8 @@ class SuffixIndex:
 
 
 class NgramDrafter(Drafter):
+    name = "ngram"
+
     def __init__(self, max_depth: int = 8, key_len: int = 2, max_match: int = 18,
                  max_candidates: int = 32) -> None:
         self.max_depth = max_depth
@@ -122,3 +124,9 @@ def _trie_to_tree(root_token: int, trie: Dict[Tuple[int, ...], float], budget: i
         node_of[key] = tree.add(key[-1], parent, score)
         count_of[key] = count
     return tree
+
+
+def build(cfg, server_args, max_running: int, context_len: int, max_total_tokens: int,
+          chunk_size: int) -> NgramDrafter:
+    """NGRAM: suffix matches over prompt + output, as deep as the tree budget allows."""
+    return NgramDrafter(max_depth=cfg.ngram_depth)

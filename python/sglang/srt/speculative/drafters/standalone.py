@@ -15,6 +15,7 @@ radix cache through `adopt` / `draft_prefix` / `on_cached` / `release`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -26,7 +27,8 @@ from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.speculative.draft_kv import DEFAULT_BUDGET, DraftKV, DraftKVConfig
 from sglang.srt.speculative.draft_kv_state import ChunkJob, DraftContext, Piece, QueryRecorder
-from sglang.srt.speculative.drafters.base import Drafter
+from sglang.srt.speculative.drafters.base import (NO_OBSERVER, CatchUpRecord, DraftKVOwner,
+                                                  DraftObserver, Drafter)
 from sglang.srt.speculative.tree import DraftTree, select_best
 
 logger = logging.getLogger(__name__)
@@ -44,7 +46,12 @@ def draft_pool_size(server_args, max_running: int, max_total_tokens: int, tree_s
     return min(full, 2 * max_running * (budget + tree_slots))
 
 
-class StandaloneDrafter(Drafter):
+class StandaloneDrafter(Drafter, DraftKVOwner):
+    """A small model of the target's tokenizer drafts EAGLE-2-style trees; its KV hangs off
+    the radix cache beside the target's (it is its own `draft_kv`)."""
+
+    name = "standalone"
+
     def __init__(self, server_args, max_running: int, context_len: int, max_total_tokens: int,
                  num_steps: int, topk: int, chunk_size: int) -> None:
         self.num_steps = num_steps
@@ -73,29 +80,34 @@ class StandaloneDrafter(Drafter):
                     cfg.budget or "unbounded", pool)
         self.req_to_token = ReqToTokenPool(max_running, context_len + 8)
         self.contexts: Dict[str, DraftContext] = {}
-        # Set by the spec worker: frees unlocked draft KV held by the radix cache.
-        self.evict_draft: Optional[Callable[[int], int]] = None
-        # Told (reqs, trees so far) after each tree level but the last: the target's expert
-        # prefetch routes the drafted tokens while the draft computes the next level.
-        self.on_level: Optional[Callable[[list, List[DraftTree]], None]] = None
-        # Told (rids, tokens, {draft layer: residual [rows, H]}) for the rows each draft
-        # forward of a proposal computes (roots, then each level's nodes): a target whose
-        # residual stream the draft shares routes them as they are, not estimated.
-        self.on_hidden: Optional[Callable[[List[str], List[int], Dict[int, torch.Tensor]],
-                                          None]] = None
-        # Told (rids, token indices, {draft layer: residual [rows, H]}) for every token a
-        # catch-up reads: a target prefetch predictor of another width learns from them
-        # (layers/moe/route_map.py).
-        # It returns whether it wants more; only tokens at indices below catch_up_limit
-        # are told (the map learns from the starts of prompts).
-        self.on_catch_up: Optional[Callable[[List[str], List[int], Dict[int, torch.Tensor]],
-                                            bool]] = None
-        self.catch_up_limit = 512
-        # (tokens read, requests) by the latest propose's catch-up, for the cost model
-        self.last_backlog: Tuple[int, int] = (0, 0)
-        # (tokens computed, seconds) by the latest catch-up (pieces and chunks)
-        self.last_catch_up: Tuple[int, float] = (0, 0.0)
+        self._evict: Optional[Callable[[int], int]] = None  # the cache's unlocked draft KV
+        self.observer: DraftObserver = NO_OBSERVER
+        self._read = CatchUpRecord()
         self._computed = 0  # tokens the running catch-up has sent through the draft
+
+    @property
+    def draft_kv(self) -> DraftKVOwner:
+        return self
+
+    @property
+    def model_config(self):
+        return self.runner.config
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.runner.model.parameters())
+
+    def observe(self, observer: DraftObserver) -> None:
+        self.observer = observer
+
+    def set_evictor(self, evict: Callable[[int], int]) -> None:
+        self._evict = evict
+
+    def begin_proposal(self) -> None:
+        self._read = dataclasses.replace(self._read, backlog_tokens=0, requests=0)
+
+    def last_read(self) -> CatchUpRecord:
+        return self._read
 
     def _use_token_map(self, path: str) -> None:
         """Score only the map's tokens in every draft forward (speculative/token_map.py)."""
@@ -122,7 +134,7 @@ class StandaloneDrafter(Drafter):
         """Start from the cache's draft slots for the request's prefix; returns the count."""
         return self.kv.adopt(self.context(req), slots) if len(slots) else 0
 
-    def draft_prefix(self, req, limit: int) -> Optional[torch.Tensor]:
+    def shareable_prefix(self, req, limit: int) -> Optional[torch.Tensor]:
         ctx = self.contexts.get(req.rid)
         return None if ctx is None else self.kv.shareable(ctx, limit)
 
@@ -154,7 +166,7 @@ class StandaloneDrafter(Drafter):
             self._catch_up(live, live_ends, want_logits=False)
         return ok
 
-    def release(self, req, keep: int = 0) -> Optional[torch.Tensor]:
+    def release_kv(self, req, keep: int) -> Optional[torch.Tensor]:
         """Drop the request's draft state; returns draft slots of its prefix [0, <= keep)
         for the radix cache (ownership passes with them); frees the rest."""
         ctx = self.contexts.pop(req.rid, None)
@@ -174,8 +186,8 @@ class StandaloneDrafter(Drafter):
 
     def _reserve(self, total: int) -> bool:
         short = total - self.allocator.available_size()
-        if short > 0 and self.evict_draft is not None:
-            self.evict_draft(short)  # the cache's unlocked draft KV goes first
+        if short > 0 and self._evict is not None:
+            self._evict(short)  # the cache's unlocked draft KV goes first
         return total <= self.allocator.available_size()
 
     # ------------------------------------------------------------------ propose
@@ -191,24 +203,25 @@ class StandaloneDrafter(Drafter):
             if self._reserve(reserved + need):
                 reserved += need
                 live.append(r)
-        self.last_backlog = (sum(r.fill_len - self.contexts[r.rid].computed for r in live),
-                             len(live))
+        self._read = CatchUpRecord(sum(r.fill_len - self.contexts[r.rid].computed for r in live),
+                                   len(live))
         root_logits = self._catch_up(live, [r.fill_len for r in live], want_logits=True)
         for r in live:
             self.kv.step_done(self.contexts[r.rid])
         trees = self._grow(live, root_logits, [budgets[reqs.index(r)] for r in live], steps)
-        out: Dict[int, DraftTree] = {id(r): t for r, t in zip(live, trees)}
-        return [out.get(id(r)) for r in reqs]
+        out: Dict[str, DraftTree] = {r.rid: t for r, t in zip(live, trees)}
+        return [out.get(r.rid) for r in reqs]
 
     def _catch_up(self, reqs, ends: List[int], want_logits: bool) -> List[Optional[torch.Tensor]]:
         """Draft-extend every request to ends[i] in pieces the policy chooses; returns the
-        logits at ends[i] - 1 per request (when wanted). Timed: `last_catch_up`."""
+        logits at ends[i] - 1 per request (when wanted). Timed into `last_read()`."""
         t0 = time.perf_counter()
         self._computed = 0
         try:
             return self._extend(reqs, ends, want_logits)
         finally:
-            self.last_catch_up = (self._computed, time.perf_counter() - t0)
+            self._read = dataclasses.replace(self._read, computed_tokens=self._computed,
+                                             seconds=time.perf_counter() - t0)
 
     def _extend(self, reqs, ends: List[int], want_logits: bool) -> List[Optional[torch.Tensor]]:
         tokens = [r.fill_ids for r in reqs]
@@ -306,8 +319,7 @@ class StandaloneDrafter(Drafter):
                 frontier[i] = children[: self.topk]
             if step == steps - 1:
                 break
-            if self.on_level is not None:  # expert prefetch: loads overlap the next levels
-                self.on_level(reqs, trees)
+            self.observer.on_level(reqs, trees)  # expert loads overlap the next levels
             logits = self._forward_frontier(reqs, trees, frontier, node_slots, temp_slots)
         for slots in temp_slots:
             self.allocator.free(slots)
@@ -351,13 +363,12 @@ class StandaloneDrafter(Drafter):
     def _forward_telling(self, fb: ForwardBatch, rids: List[str], tokens: List[int],
                          rows: List[int], read: Optional[Tuple[List[str], List[int]]] = None
                          ) -> torch.Tensor:
-        """runner.forward; with `on_hidden` set, also hand it each layer's residual stream at
-        `rows` (the proposal's roots or nodes: what the target's routers will read); with
-        `on_catch_up` set, the residuals of the first len(read[0]) rows (a catch-up's
-        tokens: read = (rid, token index) per row)."""
-        tell = self.on_hidden is not None and bool(rows)
-        learn_rows = ([j for j, t in enumerate(read[1]) if t < self.catch_up_limit]
-                      if self.on_catch_up is not None and read else [])
+        """runner.forward; for an observer that wants them, also each layer's residual stream
+        at `rows` (the proposal's roots or nodes: what the target's routers will read) and
+        at the catch-up tokens it learns from (read = (rid, token index) per row)."""
+        tell = bool(rows) and self.observer.wants_hidden()
+        limit = self.observer.catch_up_rows() if read else 0
+        learn_rows = [j for j, t in enumerate(read[1]) if t < limit] if limit else []
         if not tell and not learn_rows:
             return self.runner.forward(fb)
         index = torch.tensor(rows, dtype=torch.int64)
@@ -376,11 +387,11 @@ class StandaloneDrafter(Drafter):
 
         fb.residual_hook = hook
         out = self.runner.forward(fb)
-        if learn_rows and not self.on_catch_up([read[0][j] for j in learn_rows],
-                                               [read[1][j] for j in learn_rows], pieces):
-            self.on_catch_up = None  # it has learned all it will
+        if learn_rows:
+            self.observer.on_catch_up([read[0][j] for j in learn_rows],
+                                      [read[1][j] for j in learn_rows], pieces)
         if tell:
-            self.on_hidden(rids, tokens, hidden)
+            self.observer.on_hidden(rids, tokens, hidden)
         return out
 
     def _batch(self, reqs, ids: List[int], pos: torch.Tensor, seq_lens: List[int],
@@ -401,3 +412,13 @@ class StandaloneDrafter(Drafter):
     def check_all_free(self) -> None:
         assert not self.contexts, f"draft KV still held for {list(self.contexts)}"
         assert self.allocator.available_size() == self.allocator.size, "draft KV slots leaked"
+
+
+def build(cfg, server_args, max_running: int, context_len: int, max_total_tokens: int,
+          chunk_size: int) -> StandaloneDrafter:
+    """STANDALONE: a draft model (--speculative-draft-model-path) of the same tokenizer."""
+    if not cfg.draft_model_path:
+        raise ValueError(f"--speculative-algorithm {cfg.algorithm} needs "
+                         "--speculative-draft-model-path")
+    return StandaloneDrafter(server_args, max_running, context_len, max_total_tokens,
+                             cfg.num_steps, cfg.topk, chunk_size)

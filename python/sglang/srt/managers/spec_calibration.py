@@ -1,12 +1,8 @@
 """Start-up calibration of the speculative cost model.
 
-A fresh server knows nothing of what a speculative step costs at each batch size, so the
-cost model explores with real requests: at 16 requests on the CPU box the first batch paid
-a budget-2 and a budget-4 step (0.95 + 1.8 s against 0.44 s plain steps) and read 16 prompts
-into the draft (~11 s of time to first token) before finding that plain decoding wins there
-(benchmark/results/adaptive_spec_sweep.json: 0.79x of plain decode, 0.76x end to end, in that
-round only). Like CUDA-graph capture per batch size, this runs the steps once before the
-server reports ready: dummy requests of random tokens at growing batch sizes, each budget
+A fresh server knows nothing of what a speculative step costs at each batch size, and
+exploring with real requests costs them time (docs/decisions.md). Like CUDA-graph capture
+per batch size, this runs the steps once before the server reports ready: dummy requests of random tokens at growing batch sizes, each budget
 run for as many steps as the cost model wants before it trusts an option. Acceptance is not
 learned here (random text drafts unlike real text): the model keeps its prior, and the first
 real step of an option replaces its start-up time.
@@ -27,14 +23,14 @@ import torch
 
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.budget_policy import FixedBudget
 
 logger = logging.getLogger(__name__)
 
 PROMPT_TOKENS = 32  # short: a step's cost here is weights and batch, not attention
 PHRASE_TOKENS = 8
-# Steps timed per (batch size, budget); the cost model keeps the fastest. One sample caught
-# in a slow moment of a shared host (0.52 s for a 0.23 s step) ruled speculation out at 1
-# request, and so at every batch size, for a whole run.
+# Steps timed per (batch size, budget); the cost model keeps the fastest: one sample caught
+# in a slow moment of a shared host can rule speculation out for a whole run.
 SAMPLES = 2
 
 
@@ -67,7 +63,7 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
     model, for at most about `seconds`. None when there is nothing to calibrate."""
     spec = scheduler.spec
     if (spec is None or spec.cost_model is None or seconds <= 0 or not scheduler.is_idle()
-            or spec.kv_drafter is None):
+            or not spec.draft_kv.enabled):
         # NGRAM has no draft model: its trees depend on the text (random prompts find
         # none past the first generated token) and its step is the verify alone, cheap to
         # explore online
@@ -78,9 +74,7 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
     # and the price of a draft token unknown: reading 32-token prompts is mostly a forward's
     # fixed cost, and priced per token it made the draft's read of a real prompt look dear
     # enough that the 1-request sweep decoded plainly where speculation won.
-    kept = (spec.rate_prior, vars(spec.acceptance).copy(), spec.total_verify_ct,
-            spec.total_accepted_tokens, dict(scheduler.stats), list(model.catch_up_samples),
-            model.catch_up_prior)
+    kept, stats = spec.learned_state(), dict(scheduler.stats)
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(0)
     vocab = scheduler.runner.vocab_size
@@ -111,14 +105,10 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
         else:
             report.stopped = "every batch size up to --max-running-requests"
     finally:
-        spec.forced_budget = None
-        (spec.rate_prior, acceptance, spec.total_verify_ct, spec.total_accepted_tokens, stats,
-         prices, model.catch_up_prior) = kept
-        vars(spec.acceptance).update(acceptance)
+        spec.use_policy(None)
+        spec.restore_learned_state(kept)
         scheduler.stats.clear()
         scheduler.stats.update(stats)
-        model.catch_up_samples.clear()
-        model.catch_up_samples.extend(prices)
         scheduler.flush_cache()
     report.seconds = time.perf_counter() - start
     report.step_seconds = {f"{bs}/{b}": round(t, 4) for (bs, b), t in sorted(model.times.items())}
@@ -142,7 +132,7 @@ def _run_batch(scheduler, bs: int, gen: torch.Generator, id_range: Tuple[int, in
         scheduler.add_request(TokenizedGenerateReqInput(rid=rid, input_ids=ids,
                                                         sampling_params=params))
     try:
-        spec.forced_budget = 1  # prefill (the draft warms on every prompt), then plain steps
+        spec.use_policy(FixedBudget(1))  # prefill (the draft warms on every prompt), then plain
         for _ in range(64):  # prefill chunks (bounded: never spin at start-up)
             if all(r.output_ids for r in scheduler.running) and not scheduler.waiting:
                 break
@@ -156,10 +146,10 @@ def _run_batch(scheduler, bs: int, gen: torch.Generator, id_range: Tuple[int, in
             if budget > 1 and budget not in model.open_budgets(model._bucket(bs), rates,
                                                                spec.depth_of):
                 continue
-            spec.forced_budget = budget
+            spec.use_policy(FixedBudget(budget))
             for _ in range(SAMPLES):
                 scheduler.step()
     finally:
-        spec.forced_budget = None
+        spec.use_policy(None)
         for rid in rids:
             scheduler.abort(rid, "calibration done")
