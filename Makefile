@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 30000
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test test-fast lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,8 +24,16 @@ install: $(STAMP)
 serve: install
 	$(BIN)/python -m sglang.launch_server --port $(PORT) $(ARGS)
 
-test: install
+# Imports run one way (the contract in pyproject.toml); a back-import fails the build.
+lint: install
+	$(BIN)/lint-imports
+
+test: lint
 	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -p no:cacheprovider test $(ARGS)
+
+# The unit tier: no server processes, no real-model runs (a few minutes).
+test-fast: lint
+	PYTHONUNBUFFERED=1 $(BIN)/python -m pytest -p no:cacheprovider -m "not slow" test $(ARGS)
 
 bench: install
 	$(BIN)/python benchmark/decode_throughput/bench_decode.py $(ARGS)

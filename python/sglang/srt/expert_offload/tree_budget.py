@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from sglang.srt.speculative.tree import DraftTree
+if TYPE_CHECKING:
+    from sglang.srt.speculative.tree import DraftTree  # the trees it prices, by duck type
 from sglang.srt.utils.stats import ema
 
 

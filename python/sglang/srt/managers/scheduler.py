@@ -21,13 +21,13 @@ from sglang.srt.layers.moe.recorder import get_expert_recorder
 from sglang.srt.managers.io_struct import ReqUpdate, TokenizedGenerateReqInput
 from sglang.srt.managers.output_processor import OutputProcessor
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.batch_builder import build_forward_batch
 from sglang.srt.managers.schedule_policy import order_waiting
+from sglang.srt.managers.scheduler_state import SchedulerStateMixin
 from sglang.srt.managers.step_hooks import SpeculationHook, StepHook, StepHooks
 from sglang.srt.managers.step_plan import ScheduledReq, StepPlan
 from sglang.srt.mem_cache.base_prefix_cache import create_prefix_cache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-from sglang.srt.mem_cache.mla_pool import kv_bytes_per_token
-from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_worker import SpecWorker
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 _DECODE_RESERVE_PER_REQ = 16
 
 
-class Scheduler:
+class Scheduler(SchedulerStateMixin):
     def __init__(self, server_args: ServerArgs, tokenizer=None,
                  runner: Optional[ModelRunner] = None) -> None:
         self.server_args = server_args
@@ -205,7 +205,8 @@ class Scheduler:
         updates += self._allocate(plan)
         if plan.items:
             self.hooks.before_forward(plan)  # loads for the pass's own tokens
-            fb, rows = self._build_batch(plan)
+            fb, rows = build_forward_batch(plan, self.req_to_token_pool, self.runner,
+                                           self.outputs)
             self._postprocess(plan, self.runner.forward(fb), rows)
         self.hooks.after_forward(plan)  # acceptance, draft catch-up, cost model
         self.hooks.after_step(plan, time.perf_counter() - t0)  # gates time the whole step
@@ -323,47 +324,6 @@ class Scheduler:
             self.req_to_token_pool.write(it.req.req_pool_idx, it.req.kv_len, slots)
         return updates
 
-    def _build_batch(self, plan: StepPlan):
-        ids, pos, rows, logit_rows, masks = [], [], [], [], []
-        start = 0
-        for it in plan.items:
-            req, n, tree = it.req, it.num_tokens, it.tree
-            ids.extend(it.tokens())
-            if tree is not None:
-                # Verify: the whole tree, each node at its depth, under the tree mask.
-                pos.extend(req.kv_len + d for d in tree.depths)
-                masks.append(tree.attention_mask(req.kv_len))
-                rows.append(list(range(start, start + n)))
-                logit_rows.extend(rows[-1])
-            else:
-                pos.extend(range(req.kv_len, req.kv_len + n))
-                masks.append(None)
-                rows.append(self.outputs.logit_rows(req, req.kv_len, n, start))
-                logit_rows.extend(rows[-1].all_rows())
-            start += n
-        table = self.req_to_token_pool.req_to_token
-        nums = [it.num_tokens for it in plan.items]
-        req_idx = torch.tensor([r.req_pool_idx for r in plan.reqs], dtype=torch.int64)
-        seq_lens = [r.kv_len + n for r, n in zip(plan.reqs, nums)]
-        out_loc = torch.cat([table[r.req_pool_idx, r.kv_len : r.kv_len + n]
-                             for r, n in zip(plan.reqs, nums)])
-        trees = plan.has_trees
-        mode = (ForwardMode.TARGET_VERIFY if trees else
-                ForwardMode.DECODE if all(n == 1 for n in nums) else ForwardMode.EXTEND)
-        fb = ForwardBatch(
-            forward_mode=mode, batch_size=len(plan.items),
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(pos, dtype=torch.int64),
-            req_pool_indices=req_idx, seq_lens=torch.tensor(seq_lens),
-            extend_seq_lens=torch.tensor(nums), out_cache_loc=out_loc,
-            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.runner.kv_pool,
-            attn_backend=self.runner.attn_backend, seq_lens_cpu=seq_lens,
-            extend_seq_lens_cpu=list(nums),
-            logits_indices=torch.tensor(logit_rows, dtype=torch.int64),
-            custom_mask=masks if trees else None,
-        )
-        return fb, rows
-
     def _postprocess(self, plan: StepPlan, logits: torch.Tensor, rows) -> None:
         offset = 0
         samplers = []
@@ -442,57 +402,6 @@ class Scheduler:
         self.running.remove(req)
         req.total_retractions += 1
         self.waiting.appendleft(req)
-
-    def calibrate(self) -> None:
-        """Before serving: time plain and speculative steps per batch size for the cost
-        model (--speculative-calibrate-seconds; managers/spec_calibration.py)."""
-        from sglang.srt.managers.spec_calibration import calibrate
-
-        self.spec_calibration = calibrate(self, self.server_args.speculative_calibrate_seconds)
-
-    # ------------------------------------------------------------------ introspection
-    def spec_state(self) -> Dict[str, object]:
-        """Speculative figures for /server_info (avg_spec_accept_length as upstream)."""
-        if self.spec is None:
-            return {"avg_spec_accept_length": None}
-        per_token = kv_bytes_per_token(self.runner.config, self.runner.kv_dtype)
-        calibration = self.spec_calibration
-        return {
-            "spec_calibration": calibration.to_dict() if calibration is not None else None,
-            "avg_spec_accept_length": self.spec.avg_accept_length(),
-            "speculative_num_steps": self.spec.num_steps,
-            "speculative_eagle_topk": self.spec.topk,
-            "speculative_num_draft_tokens": self.spec.num_draft_tokens,
-            # A verify step adds KV for its tree only: tree tokens x layers x KV per token.
-            "spec_verify_kv_bytes_per_request": self.spec.max_tree_nodes * per_token,
-        }
-
-    def moe_state(self) -> Dict[str, object]:
-        """Expert store and prefetch figures for /server_info and /metrics (MoE + store)."""
-        store = self.runner.expert_store
-        if store is None:
-            return {}
-        out: Dict[str, object] = {"moe_expert_store": store.stats().to_dict()}
-        if self.prefetcher is not None:
-            out["moe_prefetch"] = self.prefetcher.figures()
-            if self.tree_budget is not None:
-                out["moe_prefetch"]["tree_budget"] = self.tree_budget.to_dict()
-        return out
-
-    def check_all_free(self) -> None:
-        """Invariant for tests: idle + flushed => every slot and row is free."""
-        assert self.is_idle(), "requests are still running"
-        self.tree_cache.check_integrity()
-        self.tree_cache.reset()
-        assert self.allocator.available_size() == self.allocator.size, (
-            f"KV slots leaked: {self.allocator.size - self.allocator.available_size()}")
-        assert self.req_to_token_pool.available_size() == self.req_to_token_pool.size
-        if self.spec is not None:
-            self.spec.check_all_free()
-            assert not self.spec.controllers, "speculation state left for finished requests"
-        store = self.runner.expert_store
-        if store is not None:  # MoE experts served from a slow tier: nothing pinned or loading
-            store.check_idle()
 
 
 def _eos_ids(config, tokenizer) -> set:

@@ -26,9 +26,6 @@ from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float": torch.float32,
-           "half": torch.bfloat16, "float16": torch.bfloat16}
-
 
 def free_ram_bytes() -> int:
     try:
