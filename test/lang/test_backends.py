@@ -12,6 +12,8 @@ import pytest
 
 import sglang as sgl
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def http_backend(tiny_llama_dir, tmp_path_factory):

@@ -19,6 +19,8 @@ import pytest
 import sglang as sgl
 from sglang.test.fixtures import load_script
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": os.path.join(REPO, "python")}
 MAX_NEW = "16"

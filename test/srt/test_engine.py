@@ -6,6 +6,8 @@ import pytest
 
 import sglang
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir):

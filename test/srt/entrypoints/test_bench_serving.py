@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 
 def _args(server, backend, dataset, out_file):
     return ["--base-url", server.base_url, "--backend", backend, "--dataset-name", dataset,

@@ -12,6 +12,8 @@ import time
 import psutil
 import pytest
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 _PYTHON_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
 
 

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
              "reasoning_tokens", "weight_version", "total_retractions", "e2e_latency"}
 

@@ -9,6 +9,8 @@ import openai
 import pytest
 import requests
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def client(server):

@@ -12,6 +12,8 @@ import openai
 import pytest
 import requests
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 KEY = "sk-test-123"
 NAME = "tiny-served"
 

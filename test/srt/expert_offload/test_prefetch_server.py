@@ -14,6 +14,8 @@ import torch
 import sglang as sgl
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def server(tiny_moe_dir, tmp_path_factory):

@@ -16,6 +16,8 @@ import torch
 
 from sglang.test.harness import TinyRunner
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived"]
 
 

@@ -12,6 +12,8 @@ import torch
 
 import sglang as sgl
 
+pytestmark = pytest.mark.slow  # server / engine processes, or a long scenario: not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def server(tiny_moe_dir, tmp_path_factory):
