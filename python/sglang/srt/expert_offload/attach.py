@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Optional
 
 from sglang.srt.expert_offload.config import OffloadConfig
+from sglang.srt.expert_offload.gate import PrefetchGate
 from sglang.srt.expert_offload.layout import aligned_empty
 from sglang.srt.expert_offload.predictors import build_predictor
 from sglang.srt.expert_offload.prefetcher import ExpertPrefetcher
@@ -64,7 +65,7 @@ def attach_prefetcher(model: "MoECausalLM", cfg: OffloadConfig) -> ExpertPrefetc
     expert_bytes = (first.w13[0].numel() + first.w2[0].numel()) * first.w13.element_size()
     predictor = build_predictor(cfg.predictor, views, model.model.embed_tokens, cfg.width,
                                 store.num_slots, cfg.keep_width, cfg.min_prob)
-    pf = ExpertPrefetcher(store, predictor, expert_bytes)
+    pf = ExpertPrefetcher(store, predictor, expert_bytes, PrefetchGate() if cfg.gate else None)
     for layer in model.model.layers:
         layer.hooks = pf
     for b in blocks.values():

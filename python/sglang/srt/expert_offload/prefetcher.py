@@ -48,14 +48,15 @@ if TYPE_CHECKING:
 class ExpertPrefetcher:
     """Glue between the scheduler, the MoE layers, one predictor and the store."""
 
-    def __init__(self, store: "ExpertStore", predictor: ExpertPredictor, expert_bytes: int) -> None:
+    def __init__(self, store: "ExpertStore", predictor: ExpertPredictor, expert_bytes: int,
+                 gate: Optional["PrefetchGate"] = None) -> None:
         self.store, self.predictor = store, predictor
         self.stats = PrefetchStats(expert_bytes, store.num_slots)
         self.ctx: Optional[StepContext] = None
-        # The scheduler's online A/B (gate.py; None: always on). `active` is its
-        # choice for the step under way: off, no predictor hook runs and nothing loads
+        # The online A/B against on-demand loads (gate.py; None: always on). `active` is
+        # its choice for the step under way: off, no predictor hook runs and nothing loads
         # early, only the predictors' own bookkeeping of what was routed.
-        self.gate: Optional["PrefetchGate"] = None
+        self.gate = gate
         self.active = True
         # layer -> every expert predicted for its next use (all hooks of this step): a later
         # prediction must not evict an earlier one, or the layer pays a reload

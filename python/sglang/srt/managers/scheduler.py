@@ -53,10 +53,14 @@ class Scheduler(SchedulerStateMixin):
         self.allocator = self.runner.allocator
         chunk = server_args.chunked_prefill_size
         self.prefill_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
+        self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
+                                if tokenizer is not None else None)
         self.spec: Optional[SpecWorker] = None
         if server_args.speculative_algorithm:
             self.spec = SpecWorker(server_args, self.runner.vocab_size, self.max_running,
-                                   self.context_len, self.allocator.size, self.prefill_budget)
+                                   self.context_len, self.allocator.size, self.prefill_budget,
+                                   target_params=_num_params(self.runner.model),
+                                   grammar_backend=self.grammar_backend)
         tree_room = self.spec.max_tree_nodes if self.spec else 0
         self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + tree_room + 8)
         # One tree for both models: nodes carry draft slots beside target slots.
@@ -66,10 +70,6 @@ class Scheduler(SchedulerStateMixin):
             eviction_policy=server_args.radix_eviction_policy)
         self.tree_budget = None  # --moe-prefetch-prune-tree (TreeBudgetHook)
         self.hooks = StepHooks(self._build_hooks())
-        self.grammar_backend = (GrammarBackend(tokenizer, self.runner.vocab_size)
-                                if tokenizer is not None else None)
-        if self.spec is not None:
-            self.spec.grammar_backend = self.grammar_backend
         self.outputs = OutputProcessor(self.runner.vocab_size, tokenizer,
                                        eos_token_ids=_eos_ids(self.runner.config, tokenizer),
                                        extra_meta=self.spec.meta_info if self.spec else None,
@@ -91,23 +91,17 @@ class Scheduler(SchedulerStateMixin):
         if prefetcher is not None:
             from sglang.srt.managers.offload_hooks import PrefetchHook
 
-            if not self.server_args.moe_prefetch_disable_gate:
-                from sglang.srt.expert_offload.gate import PrefetchGate
-
-                prefetcher.gate = PrefetchGate()
             hooks.append(PrefetchHook(prefetcher))
         if spec is None:
             return hooks
         spec.attach_cache(self.tree_cache)
         hooks.append(SpeculationHook(spec, lambda: self.running))
-        if spec.draft_kv.enabled:
-            spec.draft_share = spec.draft_kv.num_params / max(1, _num_params(self.runner.model))
-            if prefetcher is not None:
-                from sglang.srt.expert_offload.draft_observer import PrefetchDraftObserver
+        if spec.draft_kv.enabled and prefetcher is not None:
+            from sglang.srt.expert_offload.draft_observer import PrefetchDraftObserver
 
-                cfg = spec.draft_kv.model_config
-                spec.drafter.observe(PrefetchDraftObserver(prefetcher, cfg.hidden_size,
-                                                           cfg.num_hidden_layers))
+            cfg = spec.draft_kv.model_config
+            spec.drafter.observe(PrefetchDraftObserver(prefetcher, cfg.hidden_size,
+                                                       cfg.num_hidden_layers))
         if prefetcher is not None and self.server_args.moe_prefetch_prune_tree:
             from sglang.srt.expert_offload.tree_budget import TreeBudget
             from sglang.srt.managers.offload_hooks import TreeBudgetHook

@@ -30,9 +30,11 @@ MAX_BACKOFF = 16
 
 @dataclasses.dataclass
 class FallbackConfig:
-    window: int = 50
-    threshold: float = 0.5
-    reprobe_interval: int = 100
+    """--speculative-fallback-window / -threshold, --speculative-reprobe-interval."""
+
+    window: int
+    threshold: float
+    reprobe_interval: int
 
 
 @dataclasses.dataclass

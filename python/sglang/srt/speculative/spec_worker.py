@@ -55,7 +55,8 @@ class LearnedState:
 
 class SpecWorker:
     def __init__(self, server_args, vocab_size: int, max_running: int, context_len: int,
-                 max_total_tokens: int, chunk_size: int) -> None:
+                 max_total_tokens: int, chunk_size: int, target_params: int = 0,
+                 grammar_backend=None) -> None:
         self.cfg = cfg = SpecConfig.from_server_args(server_args)
         self.algorithm = cfg.algorithm
         self.num_steps, self.topk, self.num_draft_tokens = (cfg.num_steps, cfg.topk,
@@ -76,10 +77,11 @@ class SpecWorker:
         self.proposal = Proposal([])  # the latest step's
         self.rate_prior = 0.7  # per-position acceptance over all recent requests
         self.acceptance = AcceptanceEMA(self.rate_prior, decay=0.95)
-        # The draft's parameters over the target's (set by the scheduler): prices a draft
-        # token from the target's prefill before any catch-up is measured.
-        self.draft_share = 1.0
-        self.grammar_backend = None  # set by the scheduler when constrained generation runs
+        # The draft's parameters over the target's: prices a draft token from the target's
+        # prefill before any catch-up is measured.
+        self.draft_share = (self.draft_kv.num_params / target_params
+                            if self.draft_kv.enabled and target_params else 1.0)
+        self.grammar_backend = grammar_backend  # masks drafted tokens a grammar forbids
 
     def _candidate_budgets(self) -> List[int]:
         full = self.num_draft_tokens
