@@ -8,12 +8,12 @@ legal-text prompt):
   spec+<predictor>   the same with --moe-prefetch-predictor reuse|layer_ahead|draft|ensemble
                      on every step (--moe-prefetch-disable-gate: the predictor's own figures)
   spec+<p>+gate      the server default: the gate times steps with and without prefetch and
-                     keeps the faster (--gate-predictors; layers/moe/prefetch_gate.py)
+                     keeps the faster (--gate-predictors; expert_offload/gate.py)
   spec+<p>/p<m>      --moe-prefetch-min-prob m (--min-prob-predictors, --min-probs; every
                      other setting runs the server's default cut, 0.4; m = 0: the fixed
                      top-(k + width) rule)
   spec+<p>+prune     prefetch with budget-aware trees (--moe-prefetch-prune-tree, every step:
-                     --prune-predictors; speculative/expert_budget.py)
+                     --prune-predictors; expert_offload/tree_budget.py)
   plain/serial,      (--serial-waves) a layer needing more experts than its slots runs them in
   spec/serial        waves of all its slots, each wave's loads after the last one's compute,
                      instead of the double-buffered waves of experts.plan_waves

@@ -1,4 +1,4 @@
-"""The prefetch gate (layers/moe/prefetch_gate.py): its A/B decisions on scripted step
+"""The prefetch gate (expert_offload/gate.py): its A/B decisions on scripted step
 times, and through the real Scheduler with a tiny MoE: a prefetch that makes steps slower is
 turned off, output unchanged and every slot back to baseline."""
 

@@ -1,4 +1,4 @@
-"""Calibrated prefetch cut (--moe-prefetch-min-prob, layers/moe/route_calibration.py): rates
+"""Calibrated prefetch cut (--moe-prefetch-min-prob, expert_offload/routing/calibration.py): rates
 per (row source, layer, predicted rank) learned from scripted routings, the pass probability
 of several rows, the cut, and through the real Scheduler: output unchanged, the calibration
 learns from the verify passes, and a higher cut fetches less."""

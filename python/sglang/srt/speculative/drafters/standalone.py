@@ -150,9 +150,9 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
 
     def warm_many(self, reqs, ends: List[int]) -> List[bool]:
         """Catch the draft up on several prompts in one batched catch-up: a forward takes
-        up to chunk_size tokens across requests, where one catch-up per request ran 16
-        separate 256-token forwards for 16 new prompts (0.71 s each on the CPU box).
-        Per request: False when the draft pool cannot hold it (it catches up later)."""
+        up to chunk_size tokens across requests (fewer, fuller forwards than one catch-up
+        per request). Per request: False when the draft pool cannot hold it (it catches up
+        later)."""
         live, live_ends, ok, reserved = [], [], [], 0
         for r, end in zip(reqs, ends):
             need = self.kv.need(self.context(r), end)
