@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -24,6 +25,8 @@ from sglang.srt.model_loader.gguf_loader import GGUFFile, gguf_config, iter_hf_w
 from sglang.srt.utils.checkpoint_files import iter_safetensors
 from sglang.srt.models.moe_common import MoECausalLM
 from sglang.srt.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {
     "float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
@@ -60,8 +63,12 @@ def resolve_dtype(dtype: Union[str, torch.dtype], config: PretrainedConfig, gguf
     saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(saved, str):
         saved = _DTYPES.get(saved)
+    if saved == torch.float16 and str(device).startswith("cpu"):
+        logger.info("--dtype auto: the float16 checkpoint runs in bfloat16 on CPU (no "
+                    "half-precision kernels); pass --dtype float32 for full precision")
+        return torch.bfloat16
     if saved == torch.float16:
-        return torch.bfloat16 if str(device).startswith("cpu") else torch.float16
+        return torch.float16
     return saved if saved in (torch.bfloat16, torch.float32) else torch.float32
 
 
