@@ -24,6 +24,7 @@ import torch
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative.budget_policy import FixedBudget
+from sglang.srt.utils.stats import bucket_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +47,6 @@ class CalibrationReport:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def _buckets(limit: int) -> List[int]:
-    """The cost model's batch-size buckets up to `limit`: 1, 2, 3, 4, 8, 16, ..."""
-    sizes = [s for s in (1, 2, 3, 4) if s <= limit]
-    s = 8
-    while s <= limit:
-        sizes.append(s)
-        s *= 2
-    return sizes
 
 
 def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
@@ -84,7 +75,7 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
     new_tokens = 2 + max(model.budgets) + SAMPLES * sum(model.budgets)
     per_request = 0.0  # seconds the last batch size took, per request
     try:
-        for bs in _buckets(scheduler.max_running):
+        for bs in bucket_sizes(scheduler.max_running):  # the cost model's buckets
             if bs * (PROMPT_TOKENS + new_tokens + spec.max_tree_nodes) > scheduler.allocator.size:
                 report.stopped = f"KV pool too small for {bs} calibration requests"
                 break

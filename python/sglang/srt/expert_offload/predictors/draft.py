@@ -11,7 +11,7 @@ from sglang.srt.expert_offload.messages import StepContext
 from sglang.srt.expert_offload.predictors.base import ExpertPredictor
 from sglang.srt.expert_offload.routing.calibration import (BACK, ESTIMATE, OWN,
                                                            RankCalibration, select)
-from sglang.srt.expert_offload.routing.router_stack import RouterStack, RouterView, route_rank
+from sglang.srt.expert_offload.routing.router_stack import RouterStack, RouterView
 
 
 class DraftPredictor(ExpertPredictor):
