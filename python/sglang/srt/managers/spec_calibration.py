@@ -24,7 +24,7 @@ import torch
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative.budget_policy import FixedBudget
-from sglang.srt.utils.stats import bucket_sizes
+from sglang.srt.utils.stats import batch_bucket, bucket_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _run_batch(scheduler, bs: int, gen: torch.Generator, id_range: Tuple[int, in
         for budget in model.budgets:
             # the exploration rule: skip a budget that cannot win even at the cost of the
             # smaller ones just measured, or that lost at a smaller batch
-            if budget > 1 and budget not in model.open_budgets(model._bucket(bs), rates,
+            if budget > 1 and budget not in model.open_budgets(batch_bucket(bs), rates,
                                                                spec.depth_of):
                 continue
             spec.use_policy(FixedBudget(budget))

@@ -25,6 +25,7 @@ from sglang.srt.utils.stats import WindowedMin, batch_bucket, ema
 logger = logging.getLogger(__name__)
 
 SPEC, PLAIN, PROBE = "spec", "plain", "probe"
+PRIOR_RATE = 0.7  # per-position acceptance assumed before any verify
 MAX_BACKOFF = 16
 
 
@@ -49,7 +50,7 @@ class RequestController:
     plain_left: int = 0
     backoff: int = 1
     fallback_count: int = 0
-    ema_rate: float = 0.7  # per-position acceptance, for the cost model
+    ema_rate: float = PRIOR_RATE  # per-position acceptance, for the cost model
     # its parts: recent accepted positions over recent decided positions (AcceptanceEMA)
     acceptance: Optional["AcceptanceEMA"] = None
     switches: List[Tuple[int, str]] = dataclasses.field(default_factory=list)

@@ -18,7 +18,8 @@ import torch
 
 from sglang.srt.speculative.budget_policy import BudgetPolicy, CostModelBudget
 from sglang.srt.speculative.config import SpecConfig
-from sglang.srt.speculative.controller import AcceptanceEMA, CostModel, RequestController, StepTimer
+from sglang.srt.speculative.controller import (PRIOR_RATE, AcceptanceEMA, CostModel,
+                                               RequestController, StepTimer)
 from sglang.srt.speculative.drafters import build_drafter
 from sglang.srt.speculative.grammar_verify import verify_with_grammar
 from sglang.srt.speculative.tree import DraftTree
@@ -75,7 +76,7 @@ class SpecWorker:
         self.policy: BudgetPolicy = self.default_policy
         self.timer = StepTimer()
         self.proposal = Proposal([])  # the latest step's
-        self.rate_prior = 0.7  # per-position acceptance over all recent requests
+        self.rate_prior = PRIOR_RATE  # per-position acceptance over all recent requests
         self.acceptance = AcceptanceEMA(self.rate_prior, decay=0.95)
         # The draft's parameters over the target's: prices a draft token from the target's
         # prefill before any catch-up is measured.
