@@ -144,22 +144,114 @@ def test_cost_model_skips_budgets_that_cannot_win():
     assert cm.choose([0.99], depth) == 4
 
 
-def test_new_requests_start_from_the_servers_recent_acceptance(tiny_llama_dir):
-    """After requests whose drafts were rejected, a new request's acceptance estimate (what
-    the cost model weighs budgets by) starts low, not at the fixed optimistic guess."""
+def _fake_req(rid: str):
     import types
 
+    return types.SimpleNamespace(rid=rid, spec_verify_ct=0, spec_accept_token_num=0,
+                                 spec_accept_histogram=[])
+
+
+def test_new_requests_start_from_the_servers_recent_acceptance(tiny_llama_dir):
+    """With a draft model, after requests whose drafts were rejected, a new request's
+    acceptance estimate (what the cost model weighs budgets by) starts low, not at the
+    fixed optimistic guess."""
     from sglang.test.scheduler_driver import make_scheduler
 
-    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM",
-                           speculative_num_draft_tokens=4)
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                           speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3)
     spec = sched.spec
-    fresh = spec.controller(types.SimpleNamespace(rid="a")).ema_rate
+    fresh = spec.controller(_fake_req("a")).ema_rate
     for _ in range(60):
-        spec.record(types.SimpleNamespace(rid="a", spec_verify_ct=0, spec_accept_token_num=0,
-                                          spec_accept_histogram=[]), 3, 0, 1)
-    later = spec.controller(types.SimpleNamespace(rid="b")).ema_rate
+        spec.record(_fake_req("a"), 3, 0, 1)
+    later = spec.controller(_fake_req("b")).ema_rate
     assert fresh == 0.7 and later < 0.1
+
+
+def test_free_drafter_decisions_are_per_request(tiny_llama_dir):
+    """N-grams: a request decides from its own acceptance; what other requests saw before
+    it changes nothing (the same request, fresh or after others, gets the same states)."""
+    from sglang.test.scheduler_driver import make_scheduler
+
+    def states(spec, rid):
+        out = []
+        for accepted in [9, 9, 0, 0, 3, 9, 1, 0] * 8:
+            spec.record(_fake_req(rid), 10, accepted, accepted + 1)
+            ctl = spec.controller(_fake_req(rid))
+            out.append((ctl.mode, ctl.draft_len, round(ctl.ema_rate, 9)))
+        return out
+
+    fresh = make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM").spec
+    busy = make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM").spec
+    for _ in range(60):  # another request whose drafts were all rejected
+        busy.record(_fake_req("other"), 10, 0, 1)
+    assert states(busy, "q") == states(fresh, "q")
+
+
+def test_free_drafts_that_pay_keep_speculating_at_low_acceptance():
+    """Accepting 2 of 10 free drafts emits 3 tokens a verify: faster than plain while a
+    verify costs under 3 plain steps. The acceptance rule alone (0.2 < 0.5) would stop."""
+    free = ctl()
+    for _ in range(100):
+        free.on_verify(2, 10, 3, break_even=1.3)
+    assert free.mode == SPEC and free.fallback_count == 0
+    by_acceptance = ctl()
+    verify_steps(by_acceptance, 100, accepted=2, depth=10)
+    assert by_acceptance.mode == PLAIN  # today's rule for draft models
+
+
+def test_free_drafts_that_cost_more_than_they_bring_fall_back():
+    c = ctl()
+    for _ in range(10):  # a verify costs 4 plain steps here and brings 3 tokens
+        if c.should_speculate():
+            c.on_verify(2, 10, 3, break_even=4.0)
+    assert c.mode == PLAIN and c.fallback_count == 1
+    plain_tokens(c, 100)
+    assert c.mode == PROBE
+    for _ in range(10):  # the probe: now each verify brings 10 tokens
+        c.on_verify(9, 10, 10, break_even=4.0)
+    assert c.mode == SPEC
+
+
+def test_threshold_zero_never_falls_back():
+    c = ctl(threshold=0.0)
+    for _ in range(50):
+        c.on_verify(0, 10, 1, break_even=1.3)
+    assert c.mode == SPEC
+
+
+def test_draft_length_grows_with_accepted_runs_and_shrinks_after_rejections():
+    c = ctl()
+    c.max_draft_len = c.draft_len = 11
+    c.on_verify(0, 11, 1)
+    assert c.draft_len == 6  # halved towards what was accepted (0)
+    c.on_verify(1, 6, 2)
+    assert c.draft_len == 4
+    c.on_verify(0, 4, 1)
+    c.on_verify(0, 2, 1)
+    assert c.draft_len == 1  # never below one token
+    lengths = []
+    for _ in range(5):  # a passage being quoted: every drafted token taken
+        c.on_verify(c.draft_len, c.draft_len, c.draft_len + 1)
+        lengths.append(c.draft_len)
+    assert lengths == [2, 4, 8, 11, 11]  # doubles up to the cap
+    c.on_verify(5, 11, 6)
+    assert c.draft_len == 8
+
+
+def test_each_ngram_request_asks_for_its_own_draft_length(tiny_llama_dir):
+    from sglang.test.scheduler_driver import make_scheduler
+
+    spec = make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM",
+                          speculative_num_draft_tokens=12).spec
+    quoting, prose = _fake_req("quote"), _fake_req("prose")
+    for _ in range(6):
+        spec.record(prose, 11, 0, 1)
+        spec.record(quoting, 11, 11, 12)
+    assert spec._own_budget(quoting, 12) == 12  # the whole budget: 11 drafts + the root
+    assert spec._own_budget(prose, 12) == 2  # one draft token
+    standalone = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                                speculative_draft_model_path=tiny_llama_dir).spec
+    assert standalone._own_budget(prose, 4) == 4  # a draft model's levels are not resized
 
 
 def test_cost_model_says_when_speculation_is_ruled_out():

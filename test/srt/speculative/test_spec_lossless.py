@@ -146,6 +146,20 @@ def test_fallback_switches_stay_lossless(tiny_llama_dir, tiny_draft_dir, referen
     sched.check_all_free()
 
 
+def test_ngram_speed_fallback_and_draft_lengths_stay_lossless(tiny_llama_dir, reference):
+    """N-grams judged by speed, with per-request draft lengths: requests whose drafts stop
+    paying fall back and re-probe; output never changes."""
+    ps, ref = reference(2, seed=41, n=60)
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM",
+                           speculative_fallback_window=2, speculative_fallback_threshold=0.5,
+                           speculative_reprobe_interval=3)
+    got = run(sched, ps, [greedy(60)] * 2)
+    for rid, (ids, _) in ref.items():
+        assert got[rid][0] == ids
+    assert any(u.extra_meta["spec_fallback_count"] >= 1 for _, u in got.values())
+    sched.check_all_free()
+
+
 def test_cost_model_budget_changes_stay_lossless(tiny_llama_dir, reference):
     """The cost model explores budgets (timing-dependent choices): output never changes."""
     ps, ref = reference(2, seed=41, n=40)

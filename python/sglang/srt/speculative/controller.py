@@ -1,10 +1,18 @@
 """When to speculate: a per-request fallback controller and a batch-level cost model.
 
-Per request: acceptance is measured per offered draft position (a step that offers a chain
-or tree of depth d and gets k accepted counts k of d). Over the last `window` offered
-positions, a rate below `threshold` switches the request to plain decoding; after
-`reprobe_interval` plain tokens it speculates again for one window (a probe); a failed probe
-doubles the wait (back-off, capped), a good one returns to speculation.
+Per request, over the last `window` offered draft positions, speculation must pay: the
+tokens a verify emits must exceed what the verify costs in plain steps. Two forms of it:
+- a drafter that costs nothing to run (n-grams): tokens per verify against the measured
+  cost of a verify step over a plain one (`break_even`, from the cost model);
+- a draft model: the seed's rule, acceptance per offered position >= `threshold` (0.5).
+  It stands for the same test with the draft's cost in the price: at 0.5 a chain of d
+  drafts emits (1 - 0.5^(d+1)) / 0.5 tokens a verify (1.9 for d = 3), about what a step
+  that runs the draft d times and the verify costs in plain steps.
+Below it the request decodes plainly; after `reprobe_interval` plain tokens it speculates
+again for one window (a probe); a failed probe doubles the wait (back-off, capped), a good
+one returns to speculation. Each request also sizes its own draft (`draft_len`): it doubles
+after a verify that took every drafted token and halves towards what was accepted after a
+rejection, so a passage being quoted gets long chains and free prose short ones.
 
 Per batch: step times are measured online (the fastest of the recent samples by batch size
 and draft budget, the draft's work included) and each step picks the budget, "none"
@@ -44,9 +52,16 @@ class RequestController:
 
     cfg: FallbackConfig
     mode: str = SPEC
-    outcomes: Deque[Tuple[int, int]] = dataclasses.field(default_factory=collections.deque)
+    # per verify in the window: (accepted, offered, emitted)
+    outcomes: Deque[Tuple[int, int, int]] = dataclasses.field(default_factory=collections.deque)
     offered: int = 0  # positions in the window
     accepted: int = 0
+    emitted: int = 0  # tokens the window's verifies emitted
+    # tokens per verify at which speculation is as fast as plain decoding, for a drafter
+    # that costs nothing (None: a draft model, judged by the acceptance threshold)
+    break_even: Optional[float] = None
+    draft_len: int = 0  # drafted tokens this request asks for (0: no limit of its own)
+    max_draft_len: int = 0
     plain_left: int = 0
     backoff: int = 1
     fallback_count: int = 0
@@ -62,27 +77,46 @@ class RequestController:
     def rate(self) -> float:
         return self.accepted / self.offered if self.offered else 1.0
 
-    def on_verify(self, accepted: int, offered: int, emitted: int) -> None:
+    def tokens_per_verify(self) -> float:
+        return self.emitted / len(self.outcomes) if self.outcomes else 0.0
+
+    def pays(self) -> bool:
+        """Does speculation beat plain decoding over the window?"""
+        if self.break_even is None:
+            return self.rate() >= self.cfg.threshold
+        return self.tokens_per_verify() >= self.break_even
+
+    def on_verify(self, accepted: int, offered: int, emitted: int,
+                  break_even: Optional[float] = None) -> None:
+        """A verify offered `offered` positions, `accepted` were taken, `emitted` tokens
+        appended; `break_even`: this step's verify cost in plain steps (free drafters)."""
         self.tokens_seen += emitted
         if offered <= 0:
             return
+        if break_even is not None:
+            self.break_even = break_even
         if self.acceptance is None:
             self.acceptance = AcceptanceEMA(self.ema_rate, decay=0.8)
         self.ema_rate = self.acceptance.update(accepted, offered)
-        self.outcomes.append((accepted, offered))
+        self._size_draft(accepted, offered)
+        self.outcomes.append((accepted, offered, emitted))
         self.offered += offered
         self.accepted += accepted
+        self.emitted += emitted
         # Slide: keep the most recent positions that still cover a whole window.
         while self.outcomes and self.offered - self.outcomes[0][1] >= self.cfg.window:
-            a, o = self.outcomes.popleft()
+            a, o, e = self.outcomes.popleft()
             self.offered -= o
             self.accepted -= a
+            self.emitted -= e
         if self.offered < self.cfg.window:
             return
-        if self.mode == SPEC and self.rate() < self.cfg.threshold:
+        if self.cfg.threshold <= 0:  # --speculative-fallback-threshold 0: never fall back
+            return
+        if self.mode == SPEC and not self.pays():
             self._fall_back()
         elif self.mode == PROBE:
-            if self.rate() >= self.cfg.threshold:
+            if self.pays():
                 self.backoff = 1
                 self._switch(SPEC)
             else:
@@ -104,9 +138,17 @@ class RequestController:
         self._reset_window()
         self._switch(PLAIN)
 
+    def _size_draft(self, accepted: int, offered: int) -> None:
+        if not self.max_draft_len:
+            return
+        if accepted >= offered:  # every drafted token taken: ask for more
+            self.draft_len = min(self.max_draft_len, 2 * max(self.draft_len, 1))
+        else:  # halve towards what was accepted
+            self.draft_len = max(1, (self.draft_len + accepted + 1) // 2)
+
     def _reset_window(self) -> None:
         self.outcomes.clear()
-        self.offered = self.accepted = 0
+        self.offered = self.accepted = self.emitted = 0
 
     def _switch(self, mode: str) -> None:
         logger.debug("speculation %s -> %s at token %d (rate %.2f)", self.mode, mode,
@@ -187,6 +229,13 @@ class CostModel:
         self.catch_up_prior: Optional[float] = None
 
     _bucket = staticmethod(batch_bucket)  # 1, 2, 3, 4, 8, 16, ...
+
+    def step_ratio(self, bs: int, budget: int) -> Optional[float]:
+        """A step at `budget` over a plain step, at `bs` requests (None until both are
+        measured)."""
+        key = self._bucket(bs)
+        spec, plain = self.times.get((key, budget)), self.times.get((key, 1))
+        return spec / plain if spec is not None and plain else None
 
     def observe(self, bs: int, budget: int, seconds: float, calibration: bool = False) -> None:
         """A pure decode step of `bs` requests at `budget` took `seconds`. Calibration

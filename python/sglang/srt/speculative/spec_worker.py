@@ -30,6 +30,9 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 logger = logging.getLogger(__name__)
 
 TYPICAL_BACKLOG = 64  # draft catch-up tokens per request beyond which a step is atypical
+# A verify step over a plain one, for a drafter that costs nothing, until the cost model has
+# measured both at the batch size: the most a 10-12-row verify should cost (docs/decisions.md)
+VERIFY_COST_PRIOR = 1.3
 CATCH_UP_SAMPLE = 64  # catch-ups of at least this many tokens price a draft token
 
 
@@ -40,6 +43,7 @@ class Proposal:
     trees: List[Optional[DraftTree]]  # per request asked, None: it decodes plainly
     budget: int = 1  # tree nodes per request chosen for the step (1 = plain)
     typical: bool = True  # False: the step's time says little about its budget
+    break_even: Optional[float] = None  # tokens per verify that pay for it (free drafters)
 
 
 @dataclasses.dataclass
@@ -75,7 +79,7 @@ class SpecWorker:
         self.default_policy = CostModelBudget(self.cost_model, self.num_draft_tokens)
         self.policy: BudgetPolicy = self.default_policy
         self.timer = StepTimer()
-        self.proposal = Proposal([])  # the latest step's
+        self.proposal = Proposal([], break_even=self._break_even(1, self.num_draft_tokens))
         self.rate_prior = PRIOR_RATE  # per-position acceptance over all recent requests
         self.acceptance = AcceptanceEMA(self.rate_prior, decay=0.95)
         # The draft's parameters over the target's: prices a draft token from the target's
@@ -98,9 +102,14 @@ class SpecWorker:
     def controller(self, req) -> RequestController:
         ctl = self.controllers.get(req.rid)
         if ctl is None:
-            # start from the server's recent acceptance, not a fixed guess (docs/decisions.md)
-            ctl = self.controllers[req.rid] = RequestController(self.cfg.fallback,
-                                                                ema_rate=self.rate_prior)
+            if self.drafter.costs_nothing:
+                # decisions per request: its own acceptance from a fixed prior, its own draft
+                # length (trying costs a free drafter next to nothing)
+                ctl = RequestController(self.cfg.fallback)
+                ctl.max_draft_len = ctl.draft_len = self.num_draft_tokens - 1
+            else:  # a draft model starts from the server's recent acceptance (docs/decisions.md)
+                ctl = RequestController(self.cfg.fallback, ema_rate=self.rate_prior)
+            self.controllers[req.rid] = ctl
         return ctl
 
     @property
@@ -140,7 +149,8 @@ class SpecWorker:
             budget = budget if cands else 1
         none.budget = budget
         budgets = [min(budget, self.context_len - r.fill_len,
-                       r.max_new_tokens - len(r.output_ids) + 1) for r in cands]
+                       r.max_new_tokens - len(r.output_ids) + 1, self._own_budget(r, budget))
+                   for r in cands]
         keep = [(r, b) for r, b in zip(cands, budgets) if b >= 2]
         if budget <= 1 or not keep:
             return none
@@ -154,7 +164,21 @@ class SpecWorker:
         if policy.forced and any(t is None or len(t) < b for (_, b), t in zip(keep, trees)):
             typical = False  # a drafter that found less did not run the forced budget
         by_rid = {r.rid: t for (r, _), t in zip(keep, trees) if t is not None and len(t) > 1}
-        return Proposal([by_rid.get(r.rid) for r in reqs], budget, typical)
+        return Proposal([by_rid.get(r.rid) for r in reqs], budget, typical,
+                        self._break_even(len(reqs), budget))
+
+    def _own_budget(self, req, budget: int) -> int:
+        """The request's own draft length (free drafters size it per request), plus the root."""
+        own = self.controller(req).draft_len
+        return own + 1 if own else budget
+
+    def _break_even(self, batch_size: int, budget: int) -> Optional[float]:
+        """Tokens per verify at which this step's speculation is as fast as plain decoding,
+        for a drafter that costs nothing: the verify step's measured cost in plain steps."""
+        if not self.drafter.costs_nothing:
+            return None
+        ratio = self.cost_model.step_ratio(batch_size, budget) if self.cost_model else None
+        return ratio if ratio is not None else VERIFY_COST_PRIOR
 
     def _worth_catching_up(self, cands, budget: int) -> list:
         """`cands` less the requests the draft is far behind on, unless catching them up
@@ -195,7 +219,7 @@ class SpecWorker:
         plain step), `accepted` of them taken, `emitted` tokens appended."""
         ctl = self.controller(req)
         if offered:
-            ctl.on_verify(accepted, offered, emitted)
+            ctl.on_verify(accepted, offered, emitted, self.proposal.break_even)
             self.rate_prior = self.acceptance.update(accepted, offered)
         else:
             ctl.on_plain_tokens(emitted)

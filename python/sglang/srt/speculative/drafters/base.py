@@ -110,6 +110,9 @@ NO_DRAFT_KV = DraftKVOwner()
 class Drafter(ABC):
     name = "drafter"
     draft_kv: DraftKVOwner = NO_DRAFT_KV
+    # drafting costs next to nothing (n-grams): speculation is judged by tokens per verify
+    # against the verify's own cost, and each request sizes its draft
+    costs_nothing = False
 
     @abstractmethod
     def propose(self, reqs: List["Req"], budgets: List[int],

@@ -1,10 +1,12 @@
 """NGRAM drafter: continuations of the current suffix found earlier in prompt + output.
 
 Long legal documents quote themselves, so the tokens that followed an earlier occurrence
-of the last few tokens are strong guesses. Per request, an index maps each `key_len`-gram
-to the positions after its occurrences; it is updated incrementally as tokens arrive. A
-lookup extends candidate matches backwards to rank them, gathers the continuations into a
-trie weighted by frequency, and keeps the most frequent nodes breadth-first.
+of the last few tokens are strong guesses. Per request, two indexes grow with the text (a
+few operations per new token): a map of each `key_len`-gram to the positions after its
+occurrences (frequent short matches), and a suffix automaton (suffix_index.py) that names
+the longest earlier match however far back it lies. A lookup ranks the candidates by how far
+each matches backwards, gathers their continuations into a trie weighted by frequency and
+match length, and keeps the heaviest nodes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from sglang.srt.speculative.drafters.base import Drafter
+from sglang.srt.speculative.drafters.suffix_index import SuffixAutomaton
 from sglang.srt.speculative.tree import DraftTree
 
 
@@ -25,6 +28,7 @@ class SuffixIndex:
     tokens: np.ndarray  # int64 history, grown geometrically
     length: int = 0
     positions: Dict[Tuple[int, ...], List[int]] = dataclasses.field(default_factory=dict)
+    automaton: SuffixAutomaton = dataclasses.field(default_factory=SuffixAutomaton)
 
     @classmethod
     def new(cls, key_len: int) -> "SuffixIndex":
@@ -41,6 +45,7 @@ class SuffixIndex:
             grown[: self.length] = self.tokens[: self.length]
             self.tokens = grown
         self.tokens[self.length : need] = new
+        self.automaton.extend(new)
         k = self.key_len
         for end in range(max(self.length, k), need):
             # The k-gram ending just before `end` is followed by tokens[end].
@@ -51,6 +56,7 @@ class SuffixIndex:
 
 class NgramDrafter(Drafter):
     name = "ngram"
+    costs_nothing = True
 
     def __init__(self, max_depth: int = 8, key_len: int = 2, max_match: int = 18,
                  max_candidates: int = 32) -> None:
@@ -71,12 +77,14 @@ class NgramDrafter(Drafter):
         if budget < 2 or n <= self.key_len:
             return None
         key = tuple(ids[n - self.key_len :])
-        starts = [p for p in index.positions.get(key, []) if p < n]
+        starts = [p for p in index.positions.get(key, []) if p < n][-256:]
+        # the longest earlier matches, however far back (longer than the k-gram, or not)
+        starts += [p for m, p in index.automaton.matches() if m > self.key_len]
         if not starts:
             return None
         hist = index.tokens[:n]
         # Rank occurrences by how far the match extends backwards, then by recency.
-        scored = sorted(((_match_len(hist, p, n, self.max_match), p) for p in starts[-256:]),
+        scored = sorted(((_match_len(hist, p, n, self.max_match), p) for p in set(starts)),
                         key=lambda mp: (-mp[0], -mp[1]))
         trie: Dict[Tuple[int, ...], float] = {}
         for m, p in scored[: self.max_candidates]:
