@@ -49,7 +49,9 @@ def resolve_spec_defaults(server_args):
     if algo == "NGRAM":
         steps = server_args.speculative_num_steps or server_args.speculative_ngram_max_trie_depth
         topk = server_args.speculative_eagle_topk or 1
-        draft = server_args.speculative_num_draft_tokens or 12
+        # 10 nodes: a verify reads each weight once (the CPU kernel sweeps up to 10 rows at
+        # a time; 12 rows cost 2.9-3.3 plain steps against 1.9-2.4, docs/decisions.md)
+        draft = server_args.speculative_num_draft_tokens or 10
         return steps, topk, draft
     steps = server_args.speculative_num_steps or 3
     topk = server_args.speculative_eagle_topk or 1

@@ -30,9 +30,14 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 logger = logging.getLogger(__name__)
 
 TYPICAL_BACKLOG = 64  # draft catch-up tokens per request beyond which a step is atypical
-# A verify step over a plain one, for a drafter that costs nothing, until the cost model has
-# measured both at the batch size: the most a 10-12-row verify should cost (docs/decisions.md)
-VERIFY_COST_PRIOR = 1.3
+# A verify step of `rows` rows over a plain step, for a drafter that costs nothing, until the
+# cost model has measured both at the batch size: 1 + 0.12 per extra row, a fit of
+# benchmark/results/verify_cost.json (0.5B bf16, 1K-16K context; docs/decisions.md)
+VERIFY_ROW_COST = 0.12
+
+
+def verify_cost_prior(rows: int) -> float:
+    return 1.0 + VERIFY_ROW_COST * max(rows - 1, 0)
 CATCH_UP_SAMPLE = 64  # catch-ups of at least this many tokens price a draft token
 
 
@@ -43,7 +48,7 @@ class Proposal:
     trees: List[Optional[DraftTree]]  # per request asked, None: it decodes plainly
     budget: int = 1  # tree nodes per request chosen for the step (1 = plain)
     typical: bool = True  # False: the step's time says little about its budget
-    break_even: Optional[float] = None  # tokens per verify that pay for it (free drafters)
+    break_even: Optional[float] = None  # measured: tokens per verify that pay for the step
 
 
 @dataclasses.dataclass
@@ -79,7 +84,7 @@ class SpecWorker:
         self.default_policy = CostModelBudget(self.cost_model, self.num_draft_tokens)
         self.policy: BudgetPolicy = self.default_policy
         self.timer = StepTimer()
-        self.proposal = Proposal([], break_even=self._break_even(1, self.num_draft_tokens))
+        self.proposal = Proposal([])
         self.rate_prior = PRIOR_RATE  # per-position acceptance over all recent requests
         self.acceptance = AcceptanceEMA(self.rate_prior, decay=0.95)
         # The draft's parameters over the target's: prices a draft token from the target's
@@ -149,7 +154,8 @@ class SpecWorker:
             budget = budget if cands else 1
         none.budget = budget
         budgets = [min(budget, self.context_len - r.fill_len,
-                       r.max_new_tokens - len(r.output_ids) + 1, self._own_budget(r, budget))
+                       r.max_new_tokens - len(r.output_ids) + 1,
+                       budget if policy.forced else self._own_budget(r, budget))
                    for r in cands]
         keep = [(r, b) for r, b in zip(cands, budgets) if b >= 2]
         if budget <= 1 or not keep:
@@ -175,10 +181,9 @@ class SpecWorker:
     def _break_even(self, batch_size: int, budget: int) -> Optional[float]:
         """Tokens per verify at which this step's speculation is as fast as plain decoding,
         for a drafter that costs nothing: the verify step's measured cost in plain steps."""
-        if not self.drafter.costs_nothing:
+        if not self.drafter.costs_nothing or self.cost_model is None:
             return None
-        ratio = self.cost_model.step_ratio(batch_size, budget) if self.cost_model else None
-        return ratio if ratio is not None else VERIFY_COST_PRIOR
+        return self.cost_model.step_ratio(batch_size, budget)
 
     def _worth_catching_up(self, cands, budget: int) -> list:
         """`cands` less the requests the draft is far behind on, unless catching them up
@@ -219,7 +224,10 @@ class SpecWorker:
         plain step), `accepted` of them taken, `emitted` tokens appended."""
         ctl = self.controller(req)
         if offered:
-            ctl.on_verify(accepted, offered, emitted, self.proposal.break_even)
+            break_even = None
+            if self.drafter.costs_nothing:  # measured, else priced by the tree's own rows
+                break_even = self.proposal.break_even or verify_cost_prior(offered + 1)
+            ctl.on_verify(accepted, offered, emitted, break_even)
             self.rate_prior = self.acceptance.update(accepted, offered)
         else:
             ctl.on_plain_tokens(emitted)
