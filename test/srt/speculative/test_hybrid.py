@@ -132,3 +132,73 @@ def test_draft_model_sits_out_while_ngrams_carry_the_text() -> None:
     asked_copied = sum("copied" in a for a in model.asked)
     assert asked_copied == 2  # probes on steps 4 and 8 only
     assert all("fresh" in a for a in model.asked) and len(model.asked) == 8
+
+
+def test_draft_model_sits_out_while_it_only_repeats_the_ngrams() -> None:
+    """Quoting: the draft model proposes what the n-grams propose, so both are credited and
+    the weights stay even while it runs; it is skipped all the same (it adds no token of its own), and asked
+    again every step once it brings accepted tokens the n-grams missed."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.drafters.base import Drafter
+    from sglang.srt.speculative.drafters.hybrid import HybridDrafter
+    from sglang.srt.speculative.drafters.ngram import NgramDrafter
+
+    class Echo(Drafter):  # a draft model that continues the text as the n-grams do
+        def __init__(self, follow):
+            self.asked, self.follow = 0, follow
+
+        def propose(self, reqs, budgets, depth=None):
+            self.asked += 1
+            return [chain(r.fill_ids[-1], self.follow(r), [0.9] * 3) for r in reqs]
+
+    text = [5, 6, 7, 8, 9] * 4
+    model = Echo(lambda r: [5, 6, 7])
+    hybrid = HybridDrafter(NgramDrafter(max_depth=4), model, probe_every=4)
+    req = SimpleNamespace(rid="q", fill_ids=text)
+    for _ in range(12):
+        tree = hybrid.propose([req], [6])[0]
+        hybrid.on_verified(req, list(range(len(tree))))  # a chain: every node accepted
+    assert model.asked <= 6  # the first steps, then probes only
+
+    model.asked = 0  # the model now proposes what the n-grams do not, and it is accepted
+    model.follow = lambda r: [1, 2, 3]
+    for _ in range(12):
+        tree = hybrid.propose([req], [6])[0]
+        ps = [()]
+        for i in range(1, len(tree)):
+            ps.append(ps[tree.parents[i]] + (tree.tokens[i],))
+        hybrid.on_verified(req, [0] + [i for i in range(1, len(tree)) if ps[i][0] == 1])
+    assert model.asked >= 8  # a probe found it useful: asked every step again
+    hybrid.release(req)
+
+
+def test_held_back_requests_get_ngram_trees_without_the_model() -> None:
+    """A request the draft model is held back for (its KV not worth catching up) is drafted
+    by the n-grams alone; the others still ask the model."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.drafters.base import Drafter
+    from sglang.srt.speculative.drafters.hybrid import HybridDrafter
+    from sglang.srt.speculative.drafters.ngram import NgramDrafter
+
+    class Asked(Drafter):
+        def __init__(self):
+            self.asked = []
+
+        def propose(self, reqs, budgets, depth=None):
+            self.asked += [r.rid for r in reqs]
+            return [chain(r.fill_ids[-1], [1, 2], [0.5, 0.5]) for r in reqs]
+
+    model = Asked()
+    hybrid = HybridDrafter(NgramDrafter(max_depth=4), model)
+    behind = SimpleNamespace(rid="behind", fill_ids=[5, 6, 7, 8, 9] * 4)
+    level = SimpleNamespace(rid="level", fill_ids=[5, 6, 7, 8, 9] * 4)
+    hybrid.hold_back({"behind"})
+    got = dict(zip(["behind", "level"], hybrid.propose([behind, level], [5, 7])))
+    assert model.asked == ["level"]
+    assert paths(got["behind"]) == {(5,), (5, 6), (5, 6, 7), (5, 6, 7, 8)}
+    assert (1,) in paths(got["level"])  # the model's branch beside the n-grams'
+    for r in (behind, level):
+        hybrid.release(r)
+    hybrid.check_all_free()

@@ -182,17 +182,18 @@ def _settle(cost_model, bs: int, times: dict) -> None:
             cost_model.observe(bs, budget, seconds)
 
 
-def _plain_ruled_in(tiny_llama_dir, ps, n_new: int):
-    """(scheduler, step, outs): a STANDALONE scheduler whose cost model has measured
+def _plain_ruled_in(tiny_llama_dir, ps, n_new: int, algo: str = "STANDALONE"):
+    """(scheduler, step, outs): an `algo` scheduler whose cost model has measured
     speculation far slower than plain at 2 requests, with `ps` submitted; step() runs one
     scheduler step and collects the new tokens per rid into outs."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm=algo,
                            speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3,
                            speculative_disable_cost_model=False)
-    _settle(sched.spec.cost_model, 2, {1: 0.01, 2: 1.0, 4: 1.0})
+    _settle(sched.spec.cost_model, 2, {b: 0.01 if b == 1 else 1.0
+                                       for b in sched.spec.cost_model.budgets})
     for i, p in enumerate(ps):
         sched.add_request(TokenizedGenerateReqInput(
             rid=str(i), input_ids=p, sampling_params=SamplingParams.from_dict(greedy(n_new))))
@@ -252,6 +253,34 @@ def test_draft_stays_behind_when_catching_up_would_not_pay(tiny_llama_dir, plain
         step()
     assert not catch_ups and not spec.draft_kv.contexts
     assert cm.counts[(2, 4)] == cm.min_samples  # no speculative step was taken
+    for rid, (ids, _) in ref.items():
+        assert outs[rid] == ids
+    sched.check_all_free()
+
+
+def test_hybrid_drafts_with_ngrams_where_the_draft_model_is_not_worth_catching_up(
+        tiny_llama_dir, plain):
+    """As above, but HYBRID: the draft model stays behind (never reads the prompts, is never
+    asked), while the n-grams, which need no draft KV, keep drafting; output unchanged."""
+    g = torch.Generator().manual_seed(44)
+    ps = [torch.randint(3, 3000, (30,), generator=g).tolist() * 5 for _ in range(2)]
+    ref = run(plain, ps, [greedy(20)] * 2)
+    plain.check_all_free()
+    sched, step, outs = _plain_ruled_in(tiny_llama_dir, ps, 20, algo="HYBRID")
+    spec, cm = sched.spec, sched.spec.cost_model
+    while len(sched.running) < 2 or any(len(r.output_ids) < 2 for r in sched.running):
+        step()
+    cm.observe_catch_up(100, 100.0)  # a draft token costs a second
+    asked, drafted = [], []
+    model, ngram = spec.drafter.model, spec.drafter.ngram
+    real_model, real_ngram = model.propose, ngram.propose
+    model.propose = lambda *a, **k: (asked.append(1), real_model(*a, **k))[1]
+    ngram.propose = lambda reqs, *a, **k: (drafted.append(len(reqs)), real_ngram(reqs, *a, **k))[1]
+    while not sched.is_idle():
+        _settle(cm, 2, {b: 0.01 if b == 1 else 0.011 for b in cm.budgets})  # spec measured faster
+        step()
+    assert not asked and not spec.draft_kv.contexts  # the draft model never ran nor read
+    assert drafted and all(n == 2 for n in drafted[:-1])  # the n-grams drafted both each step
     for rid, (ids, _) in ref.items():
         assert outs[rid] == ids
     sched.check_all_free()

@@ -56,8 +56,8 @@ def resolve_spec_defaults(server_args):
     steps = server_args.speculative_num_steps or 3
     topk = server_args.speculative_eagle_topk or 1
     draft = server_args.speculative_num_draft_tokens
-    if algo == "HYBRID":  # room for n-gram branches beside the draft model's
-        return steps, topk, draft or max(steps * topk + 1, 8)
+    if algo == "HYBRID":  # room for n-gram chains as long as NGRAM's beside the draft's
+        return steps, topk, draft or max(steps * topk + 1, 10)
     if topk == 1:
         draft = steps + 1  # a chain: the root plus one token per step
     elif draft is None:

@@ -100,8 +100,9 @@ class SpecWorker:
         return sorted({1, 2, min(4, full), full})
 
     def depth_of(self, budget: int) -> int:
-        if self.cfg.uses_draft_model:  # the draft model's levels (HYBRID's n-grams go deeper)
-            return min(self.num_steps, budget - 1)
+        if self.cfg.uses_draft_model and not self.drafter.drafts_without_model:
+            return min(self.num_steps, budget - 1)  # the draft model's levels
+        # n-grams (HYBRID's too) fill the budget's depth; the draft model stops at its steps
         return budget - 1
 
     def controller(self, req) -> RequestController:
@@ -149,9 +150,15 @@ class SpecWorker:
         if not cands:
             return none
         budget = policy.choose([self.controller(r).ema_rate for r in cands], self.depth_of)
+        held: set = set()
         if budget > 1 and not policy.forced and self.cost_model is not None:
-            cands = self._worth_catching_up(cands, budget)
-            budget = budget if cands else 1
+            kept = self._worth_catching_up(cands, budget)
+            if self.drafter.drafts_without_model:  # the rest are drafted without the model
+                held = {r.rid for r in cands} - {r.rid for r in kept}
+            else:
+                cands = kept
+                budget = budget if cands else 1
+        self.drafter.hold_back(held)
         none.budget = budget
         budgets = [min(budget, self.context_len - r.fill_len,
                        r.max_new_tokens - len(r.output_ids) + 1,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set
 
 import torch
 
@@ -113,6 +113,9 @@ class Drafter(ABC):
     # drafting costs next to nothing (n-grams): speculation is judged by tokens per verify
     # against the verify's own cost, and each request sizes its draft
     costs_nothing = False
+    # part of its drafts needs no draft KV (HYBRID's n-grams): a request the draft model is
+    # too far behind on is still drafted, by that part alone (`hold_back`)
+    drafts_without_model = False
 
     @abstractmethod
     def propose(self, reqs: List["Req"], budgets: List[int],
@@ -120,6 +123,10 @@ class Drafter(ABC):
         """One tree per request (root = the request's last token) of at most budgets[i]
         nodes and at most `depth` levels, or None when this drafter has nothing to offer
         for it this step."""
+
+    def hold_back(self, rids: Set[str]) -> None:
+        """This step, the draft model sits out for the requests `rids` (their draft KV is
+        not worth catching up); set before each proposal."""
 
     def observe(self, observer: DraftObserver) -> None:
         """Tell `observer` about each proposal as it is drafted (drafters with a model)."""

@@ -13,13 +13,18 @@ Weights: after each verify, a drafter is credited with the accepted draft nodes 
 proposed; w_d follows an exponential moving average of that credit, so a request whose text
 is copied from its document leans on n-grams and prose on the draft model. Verification is
 the same as for any tree (verify.py), so the merge never changes the output distribution.
+
+Skipping the draft model: its forwards are the step's only drafting cost, so it sits out
+(probed every few steps) while it adds nothing the n-grams did not propose: the EMA of
+accepted nodes only it proposed is under `min_unique` tokens a verify. Shared credit alone
+cannot tell that: while a passage is quoted both drafters propose the same tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from sglang.srt.speculative.drafters.base import Drafter
 from sglang.srt.speculative.tree import DraftTree, select_best
@@ -35,6 +40,8 @@ class DrafterWeights:
     alpha: float = 0.3
     floor: float = 0.05  # a drafter out of favour still gets a few nodes: it can come back
     skipped: int = 0  # steps the draft model sat out in a row
+    # accepted nodes a verify that only the draft model proposed (what it adds to n-grams)
+    model_unique: float = 1.0
 
     def update(self, credit: Dict[str, int]) -> None:
         for name in NAMES:
@@ -86,14 +93,21 @@ def merge_trees(root: int, trees: Dict[str, Optional[DraftTree]], weights: Dict[
 
 class HybridDrafter(Drafter):
     name = "hybrid"
+    drafts_without_model = True
 
-    def __init__(self, ngram: Drafter, model: Drafter, probe_every: int = 8) -> None:
+    def __init__(self, ngram: Drafter, model: Drafter, probe_every: int = 8,
+                 min_unique: float = 0.5) -> None:
         self.ngram, self.model = ngram, model
+        self.min_unique = min_unique  # tokens a verify the draft model must add to be asked
         self.draft_kv = model.draft_kv  # the draft model's KV hangs off the radix cache
         self.probe_every = probe_every  # steps between draft-model probes while skipped
         self.weights: Dict[str, DrafterWeights] = {}
         self.origins: Dict[str, List[frozenset]] = {}  # rid -> origins of its last tree
         self.last_weights: Dict[str, DrafterWeights] = {}  # of released requests (bounded)
+        self.held: Set[str] = set()  # requests the draft model sits out for this step
+
+    def hold_back(self, rids: Set[str]) -> None:
+        self.held = set(rids)
 
     def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
         # n-grams are cheap and can see further than the draft's steps: their own depth
@@ -121,10 +135,12 @@ class HybridDrafter(Drafter):
         return out
 
     def _wants_model(self, req, ngram_tree: Optional[DraftTree]) -> bool:
+        if req.rid in self.held:
+            return False
         w = self.weights.get(req.rid)
         if ngram_tree is None or len(ngram_tree) < 2 or w is None:
             return True
-        if w.weights()["model"] > 2 * w.floor:
+        if w.weights()["model"] > 2 * w.floor and w.model_unique >= self.min_unique:
             w.skipped = 0
             return True
         w.skipped += 1
@@ -139,7 +155,11 @@ class HybridDrafter(Drafter):
         if origins is None:
             return
         credit = {n: sum(n in origins[i] for i in path[1:]) for n in NAMES}
-        self.weights.setdefault(req.rid, DrafterWeights()).update(credit)
+        w = self.weights.setdefault(req.rid, DrafterWeights())
+        w.update(credit)
+        if any("model" in o for o in origins[1:]):  # the draft model ran this step
+            unique = sum(origins[i] == {"model"} for i in path[1:])
+            w.model_unique = (1 - w.alpha) * w.model_unique + w.alpha * unique
 
     def observe(self, observer) -> None:
         self.model.observe(observer)

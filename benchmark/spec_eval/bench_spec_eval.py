@@ -1,0 +1,218 @@
+"""Speculation on the held-out evaluation set: ours (plain, NGRAM, STANDALONE, HYBRID) and
+vLLM CPU (plain, ngram at several settings), side by side, the same timing for both.
+
+The set is `eval_set.py` (12 prompts, 4 documents x 3 question styles, 1K/4K/16K). Each
+configuration runs in its own process, one request at a time, greedy, `--new-tokens` new
+tokens with `ignore_eos`, bf16. Inside a process the rounds interleave the prompts (all 12,
+then all 12 again; the first round pays the prefills, later rounds hit the prefix cache);
+decode tok/s is timed per engine step that emitted tokens, after the first token, so the
+prefill is never in it. Each configuration's results are kept under
+`benchmark/results/<name>_parts/`; a rerun skips the configurations already there
+(`--fresh` to redo them), so an interrupted run resumes.
+
+    python benchmark/spec_eval/bench_spec_eval.py --vllm-python ~/vllm-env/bin/python
+        [--rounds 2] [--new-tokens 64] [--only plain,NGRAM]
+
+Writes benchmark/results/spec_eval.json and .png (decode tok/s over our plain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from common import RESULTS, machine_info, plot_bars, save, vllm_env  # noqa: E402
+
+OURS = {"plain": {}, "NGRAM": {"speculative_algorithm": "NGRAM"},
+        "STANDALONE": {"speculative_algorithm": "STANDALONE"},
+        "HYBRID": {"speculative_algorithm": "HYBRID"}}
+# vLLM's ngram at three settings: k=10 with short lookups (its best in the issue's run), the
+# documented example (k=5, lookup 4..2), and k=10 with longer lookups
+VLLM = {"vllm plain": {},
+        "vllm ngram k10 l1-2": {"method": "ngram", "num_speculative_tokens": 10,
+                                "prompt_lookup_max": 2, "prompt_lookup_min": 1},
+        "vllm ngram k5 l2-4": {"method": "ngram", "num_speculative_tokens": 5,
+                               "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+        "vllm ngram k10 l1-4": {"method": "ngram", "num_speculative_tokens": 10,
+                                "prompt_lookup_max": 4, "prompt_lookup_min": 1}}
+
+
+def ours_worker(config: str, target: str, draft: str, prompts: List[Dict], rounds: int,
+                new_tokens: int) -> List[Dict]:
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    longest = max(len(p["ids"]) for p in prompts) + new_tokens + 64
+    total = sum(len(p["ids"]) + new_tokens for p in prompts) + 4096  # every prompt stays cached
+    kw = dict(OURS[config])
+    if kw and kw["speculative_algorithm"] != "NGRAM":
+        kw["speculative_draft_model_path"] = draft
+    sched = Scheduler(ServerArgs(model_path=target, dtype="bfloat16", context_length=longest,
+                                 max_total_tokens=total, **kw))
+    results = []
+    for r in range(rounds):
+        for p in prompts:
+            params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+            params.normalize()
+            sched.add_request(TokenizedGenerateReqInput(rid=f"{p['name']}#{r}",
+                                                        input_ids=p["ids"],
+                                                        sampling_params=params, stream=True))
+            stamps, ids, meta = [], [], {}
+            while not sched.is_idle():
+                for u in sched.step():
+                    if u.new_output_ids:
+                        stamps.append((time.perf_counter(), len(u.new_output_ids)))
+                        ids += u.new_output_ids
+                    if u.finished_reason is not None:
+                        meta = dict(u.extra_meta or {})
+            first_t, first_n = stamps[0]
+            rest = sum(n for _, n in stamps) - first_n
+            rate = rest / (stamps[-1][0] - first_t) if len(stamps) > 1 else None
+            results.append({"name": p["name"], "round": r, "decode_tok_s": rate,
+                            "steps": len(stamps), "output_ids": ids,
+                            "accept_length": meta.get("spec_accept_length"),
+                            "fallbacks": meta.get("spec_fallback_count"),
+                            "weights": meta.get("spec_drafter_weights")})
+            print(f"[{config}] round {r + 1} {p['name']}: {rate and round(rate, 2)} tok/s, "
+                  f"{len(stamps)} steps, accept {meta.get('spec_accept_length')}", flush=True)
+    sched.flush_cache()
+    sched.check_all_free()  # pools and caches all free after the run
+    return results
+
+
+def run_config(config: str, args, prompts_file: str, target: str, draft: str, hf_dir: str,
+               tok_dir: str) -> List[Dict]:
+    part = os.path.join(RESULTS, args.name + "_parts", config.replace(" ", "_") + ".json")
+    if os.path.isfile(part) and not args.fresh:
+        print(f"{config}: kept from {part}", flush=True)
+        with open(part) as f:
+            return json.load(f)
+    t0 = time.time()
+    if config in OURS:
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", config, "--target", target,
+               "--draft", draft, "--prompts-file", prompts_file, "--out-file", part,
+               "--rounds", str(args.rounds), "--new-tokens", str(args.new_tokens)]
+        env = dict(os.environ)
+    else:
+        cmd = [args.vllm_python, os.path.join(HERE, "vllm_worker.py"), hf_dir, tok_dir,
+               json.dumps(VLLM[config]), prompts_file, str(args.rounds), str(args.new_tokens),
+               part]
+        env = vllm_env()
+    subprocess.run(cmd, env=env, check=True)
+    print(f"{config}: {time.time() - t0:.0f} s", flush=True)
+    with open(part) as f:
+        return json.load(f)
+
+
+def agreement(a: List[int], b: List[int]) -> int:
+    """Tokens from the start on which two outputs agree."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def summarize(prompts: List[Dict], runs: Dict[str, List[Dict]]) -> Dict[str, Dict]:
+    table = {}
+    for p in prompts:
+        row = {}
+        for c, res in runs.items():
+            mine = [x for x in res if x["name"] == p["name"]]
+            rates = [x["decode_tok_s"] for x in mine if x["decode_tok_s"]]
+            base = runs["plain" if c in OURS else "vllm plain"]
+            ref = next(x for x in base if x["name"] == p["name"])["output_ids"]
+            row[c] = {"median_tok_s": round(statistics.median(rates), 2) if rates else None,
+                      "rounds_tok_s": [round(v, 2) for v in rates],
+                      "steps": mine[-1]["steps"], "accept_length": mine[-1].get("accept_length"),
+                      "fallbacks": mine[-1].get("fallbacks"),
+                      "same_tokens_as_own_plain": mine[-1]["output_ids"] == ref,
+                      "agree_prefix": agreement(mine[-1]["output_ids"], ref)}
+        plain = row["plain"]["median_tok_s"] if "plain" in row else None
+        for c in row:
+            v = row[c]["median_tok_s"]
+            row[c]["x_our_plain"] = round(v / plain, 3) if v and plain else None
+        table[p["name"]] = row
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--vllm-python", default=None)
+    ap.add_argument("--only", default=None, help="comma-separated configurations")
+    ap.add_argument("--fresh", action="store_true", help="redo configurations already kept")
+    ap.add_argument("--name", default="spec_eval")
+    ap.add_argument("--max-doc-tokens", type=int, default=16384, help="a smaller set (smoke)")
+    ap.add_argument("--worker", default=None)
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--prompts-file", default=None)
+    ap.add_argument("--out-file", default=None)
+    args = ap.parse_args()
+    if args.worker:
+        with open(args.prompts_file) as f:
+            prompts = json.load(f)
+        out = ours_worker(args.worker, args.target, args.draft, prompts, args.rounds,
+                          args.new_tokens)
+        with open(args.out_file, "w") as f:
+            json.dump(out, f)
+        return
+
+    from decode_throughput.bench_decode import hf_folder_for
+    from sglang.srt.model_loader.loader import load_tokenizer
+    from sglang.test.real_assets import qwen_pair
+    from spec_eval.eval_set import eval_prompts
+
+    pair = qwen_pair()
+    if not pair:
+        sys.exit("run scripts/fetch_real_models.py first (Qwen2.5-Coder 1.5B and 0.5B)")
+    draft, target = pair
+    tokenizer = load_tokenizer(target)
+    prompts = eval_prompts(tokenizer)
+    configs = list(OURS) + (list(VLLM) if args.vllm_python else [])
+    if args.only:
+        configs = [c for c in configs if c in args.only.split(",")]
+    prompts = [p for p in prompts if p["doc_tokens"] <= args.max_doc_tokens]
+    os.makedirs(os.path.join(RESULTS, args.name + "_parts"), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="spec_eval_")
+    prompts_file = os.path.join(tmp, "prompts.json")
+    with open(prompts_file, "w") as f:
+        json.dump(prompts, f)
+    hf_dir = tok_dir = None
+    if args.vllm_python:
+        hf_dir = hf_folder_for(target, tokenizer)  # vLLM 0.32 cannot read the GGUF's config
+        tok_dir = hf_dir  # it holds the tokenizer too
+    runs = {c: run_config(c, args, prompts_file, target, draft, hf_dir, tok_dir)
+            for c in configs}
+    if "plain" not in runs:
+        return
+    table = summarize(prompts, runs)
+    for name, row in table.items():
+        print(name, {c: (row[c]["median_tok_s"], row[c]["x_our_plain"]) for c in row})
+    result = {"target": target, "draft": draft, "dtype": "bfloat16",
+              "new_tokens": args.new_tokens, "rounds": args.rounds, "configs": configs,
+              "vllm": dict(VLLM) if args.vllm_python else None, "machine": machine_info(),
+              "command": " ".join(sys.argv), "prompts": table}
+    path = save(args.name, result)
+    names = list(table)
+    plot_bars(os.path.join(RESULTS, args.name + ".png"),
+              "decode tok/s on the held-out set, Qwen2.5-Coder-1.5B bf16 (0.5B draft)",
+              [n.replace("/", "\n") for n in names],
+              {c: [table[n][c]["median_tok_s"] for n in names] for c in configs}, "tok/s")
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
