@@ -44,3 +44,34 @@ def test_equal_matches_rank_by_frequency():
     first = [tree.tokens[i] for i, p in enumerate(tree.parents) if p == 0]
     assert first[0] == 10 and set(first) <= {10, 11}
     drafter.release(_req(history))
+
+
+def test_questions_on_a_cached_document_share_its_index():
+    """The second question on a document (its prefix radix-cached) saves the document's
+    index; later ones start from a copy of it. Every proposal equals a fresh index's, and a
+    copy grown by one request never changes what the next one starts from."""
+    import random
+    from types import SimpleNamespace
+
+    rng = random.Random(3)
+    phrase = [rng.randrange(50) for _ in range(40)]
+    doc = []
+    while len(doc) < 600:  # text that quotes itself, as documents do
+        doc += phrase[rng.randrange(20):] if rng.random() < 0.3 else [rng.randrange(50)]
+    shared = NgramDrafter(max_depth=4)
+    for q in range(4):
+        question = [rng.randrange(50, 60) for _ in range(5)]
+        req = SimpleNamespace(rid=f"q{q}", fill_ids=doc + question,
+                              cached_tokens=0 if q == 0 else len(doc))
+        fresh, alone = NgramDrafter(max_depth=4), SimpleNamespace(rid="a", fill_ids=None)
+        for step in range(30):
+            alone.fill_ids = req.fill_ids
+            got, want = shared.propose([req], [6])[0], fresh.propose([alone], [6])[0]
+            assert (got is None) == (want is None)
+            if got is not None:
+                assert (got.tokens, got.parents) == (want.tokens, want.parents)
+            req.fill_ids = req.fill_ids + [rng.choice(doc + question)]
+        shared.release(req)
+        fresh.release(alone)
+    assert shared.documents.saves == 1 and shared.documents.forks == 2
+    shared.check_all_free()

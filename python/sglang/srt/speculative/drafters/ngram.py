@@ -7,10 +7,17 @@ occurrences (frequent short matches), and a suffix automaton (suffix_index.py) t
 the longest earlier match however far back it lies. A lookup ranks the candidates by how far
 each matches backwards, gathers their continuations into a trie weighted by frequency and
 match length, and keeps the heaviest nodes.
+
+Many questions on one document: a request whose prompt starts with a prefix the radix cache
+held (`cached_tokens`, a document an earlier request read) starts from a copy of the index
+of that prefix (`DocumentIndexes`, a few documents, least recently used out) instead of
+indexing the document again; the copy is a flat copy of lists, the rebuild a loop in Python
+per token.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Dict, List, Optional, Tuple
@@ -34,6 +41,11 @@ class SuffixIndex:
     def new(cls, key_len: int) -> "SuffixIndex":
         return cls(key_len, np.zeros(1024, dtype=np.int64))
 
+    def fork(self) -> "SuffixIndex":
+        return SuffixIndex(self.key_len, self.tokens.copy(), self.length,
+                           {k: list(v) for k, v in self.positions.items()},
+                           self.automaton.fork())
+
     def extend(self, ids: List[int]) -> None:
         """Index ids[self.length:] (ids is the whole history so far)."""
         new = ids[self.length:]
@@ -54,6 +66,37 @@ class SuffixIndex:
         self.length = need
 
 
+class DocumentIndexes:
+    """Indexes of prompt prefixes that the radix cache shares between requests, by length."""
+
+    def __init__(self, capacity: int = 4, min_tokens: int = 256) -> None:
+        self.capacity, self.min_tokens = capacity, min_tokens
+        self.saved: "collections.OrderedDict[int, SuffixIndex]" = collections.OrderedDict()
+        self.forks = 0  # requests that started from a saved index (for tests and stats)
+        self.saves = 0
+
+    def start(self, ids: List[int], shared: int, key_len: int) -> SuffixIndex:
+        """An index of a prefix of `ids`: the longest saved one it starts with, else empty.
+        The first `shared` tokens (its radix-cached prefix) are saved for the next request."""
+        best = None
+        for key, index in self.saved.items():
+            n = index.length
+            if n <= len(ids) and (best is None or n > best.length) and \
+                    np.array_equal(index.tokens[:n], np.asarray(ids[:n], dtype=np.int64)):
+                best, best_key = index, key
+        if best is not None:
+            self.saved.move_to_end(best_key)
+            self.forks += 1
+        index = best.fork() if best is not None else SuffixIndex.new(key_len)
+        if shared >= self.min_tokens and shared > index.length:
+            index.extend(ids[:shared])
+            self.saves += 1
+            self.saved[self.saves] = index.fork()
+            while len(self.saved) > self.capacity:
+                self.saved.popitem(last=False)
+        return index
+
+
 class NgramDrafter(Drafter):
     name = "ngram"
     costs_nothing = True
@@ -65,13 +108,17 @@ class NgramDrafter(Drafter):
         self.max_match = max_match
         self.max_candidates = max_candidates
         self.indexes: Dict[str, SuffixIndex] = {}
+        self.documents = DocumentIndexes()
 
     def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
         return [self._propose_one(r, b, depth or self.max_depth) for r, b in zip(reqs, budgets)]
 
     def _propose_one(self, req, budget: int, depth: int) -> Optional[DraftTree]:
         ids = req.fill_ids
-        index = self.indexes.setdefault(req.rid, SuffixIndex.new(self.key_len))
+        index = self.indexes.get(req.rid)
+        if index is None:
+            index = self.indexes[req.rid] = self.documents.start(
+                ids, getattr(req, "cached_tokens", 0), self.key_len)
         index.extend(ids)
         n = index.length
         if budget < 2 or n <= self.key_len:

@@ -27,6 +27,15 @@ class SuffixAutomaton:
         self.last = 0  # the state of the whole text
         self.size = 0  # tokens added
 
+    def fork(self) -> "SuffixAutomaton":
+        """An independent copy (a flat copy of the state lists: far cheaper than rebuilding)."""
+        other = SuffixAutomaton.__new__(SuffixAutomaton)
+        other.length, other.link = list(self.length), list(self.link)
+        other.next = [dict(d) for d in self.next]
+        other.end, other.prev_end = list(self.end), list(self.prev_end)
+        other.last, other.size = self.last, self.size
+        return other
+
     def extend(self, tokens: List[int]) -> None:
         for tok in tokens:
             self._add(int(tok))
