@@ -31,6 +31,7 @@ from typing import Dict, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from common import RESULTS, machine_info, plot_bars, save, vllm_env  # noqa: E402
+from spec_eval.step_timing import decode_rate  # noqa: E402
 
 OURS = {"plain": {}, "NGRAM": {"speculative_algorithm": "NGRAM"},
         "STANDALONE": {"speculative_algorithm": "STANDALONE"},
@@ -76,9 +77,7 @@ def ours_worker(config: str, target: str, draft: str, prompts: List[Dict], round
                         ids += u.new_output_ids
                     if u.finished_reason is not None:
                         meta = dict(u.extra_meta or {})
-            first_t, first_n = stamps[0]
-            rest = sum(n for _, n in stamps) - first_n
-            rate = rest / (stamps[-1][0] - first_t) if len(stamps) > 1 else None
+            rate = decode_rate(stamps)
             results.append({"name": p["name"], "round": r, "decode_tok_s": rate,
                             "steps": len(stamps), "output_ids": ids,
                             "accept_length": meta.get("spec_accept_length"),

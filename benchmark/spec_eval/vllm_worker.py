@@ -8,8 +8,12 @@ is the tokens after the first over the time after the first.
 """
 
 import json
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_timing import decode_rate  # noqa: E402
 
 if __name__ == "__main__":  # vLLM's CPU worker re-imports the main module
     model, tok, cfg, prompts_file, rounds, new, out_file = sys.argv[1:8]
@@ -34,9 +38,7 @@ if __name__ == "__main__":  # vLLM's CPU worker re-imports the main module
                     if len(got) > seen:
                         stamps.append((time.perf_counter(), len(got) - seen))
                         seen, ids = len(got), got
-            first_t, first_n = stamps[0]
-            rest = sum(n for _, n in stamps) - first_n
-            rate = rest / (stamps[-1][0] - first_t) if len(stamps) > 1 else None
+            rate = decode_rate(stamps)
             results.append({"name": p["name"], "round": r, "decode_tok_s": rate,
                             "steps": len(stamps), "output_ids": ids})
             print(f"[vllm {cfg}] round {r + 1} {p['name']}: "

@@ -123,8 +123,8 @@ def test_draft_model_sits_out_while_ngrams_carry_the_text() -> None:
 
     model = Counting()
     hybrid = HybridDrafter(NgramDrafter(max_depth=4), model, probe_every=4)
-    copied = SimpleNamespace(rid="copied", fill_ids=[5, 6, 7, 8, 9] * 4)
-    fresh = SimpleNamespace(rid="fresh", fill_ids=[1, 2, 3, 4])
+    copied = SimpleNamespace(rid="copied", fill_ids=[5, 6, 7, 8, 9] * 4, cached_tokens=0)
+    fresh = SimpleNamespace(rid="fresh", fill_ids=[1, 2, 3, 4], cached_tokens=0)
     for _ in range(30):
         hybrid.weights.setdefault("copied", DrafterWeights()).update({"ngram": 4, "model": 0})
     for _ in range(8):
@@ -136,8 +136,8 @@ def test_draft_model_sits_out_while_ngrams_carry_the_text() -> None:
 
 def test_draft_model_sits_out_while_it_only_repeats_the_ngrams() -> None:
     """Quoting: the draft model proposes what the n-grams propose, so both are credited and
-    the weights stay even while it runs; it is skipped all the same (it adds no token of its own), and asked
-    again every step once it brings accepted tokens the n-grams missed."""
+    the weights stay even while it runs; it is skipped all the same (it adds no token of its
+    own), and asked again every step once it brings accepted tokens the n-grams missed."""
     from types import SimpleNamespace
 
     from sglang.srt.speculative.drafters.base import Drafter
@@ -155,7 +155,7 @@ def test_draft_model_sits_out_while_it_only_repeats_the_ngrams() -> None:
     text = [5, 6, 7, 8, 9] * 4
     model = Echo(lambda r: [5, 6, 7])
     hybrid = HybridDrafter(NgramDrafter(max_depth=4), model, probe_every=4)
-    req = SimpleNamespace(rid="q", fill_ids=text)
+    req = SimpleNamespace(rid="q", fill_ids=text, cached_tokens=0)
     for _ in range(12):
         tree = hybrid.propose([req], [6])[0]
         hybrid.on_verified(req, list(range(len(tree))))  # a chain: every node accepted
@@ -192,8 +192,8 @@ def test_held_back_requests_get_ngram_trees_without_the_model() -> None:
 
     model = Asked()
     hybrid = HybridDrafter(NgramDrafter(max_depth=4), model)
-    behind = SimpleNamespace(rid="behind", fill_ids=[5, 6, 7, 8, 9] * 4)
-    level = SimpleNamespace(rid="level", fill_ids=[5, 6, 7, 8, 9] * 4)
+    behind = SimpleNamespace(rid="behind", fill_ids=[5, 6, 7, 8, 9] * 4, cached_tokens=0)
+    level = SimpleNamespace(rid="level", fill_ids=[5, 6, 7, 8, 9] * 4, cached_tokens=0)
     hybrid.hold_back({"behind"})
     got = dict(zip(["behind", "level"], hybrid.propose([behind, level], [5, 7])))
     assert model.asked == ["level"]

@@ -8,7 +8,7 @@ from sglang.srt.speculative.drafters.ngram import NgramDrafter
 
 
 def _req(ids, rid="r"):
-    return types.SimpleNamespace(rid=rid, fill_ids=list(ids))
+    return types.SimpleNamespace(rid=rid, fill_ids=list(ids), cached_tokens=0)
 
 
 def test_a_long_quoted_match_outweighs_many_short_ones():
@@ -63,7 +63,8 @@ def test_questions_on_a_cached_document_share_its_index():
         question = [rng.randrange(50, 60) for _ in range(5)]
         req = SimpleNamespace(rid=f"q{q}", fill_ids=doc + question,
                               cached_tokens=0 if q == 0 else len(doc))
-        fresh, alone = NgramDrafter(max_depth=4), SimpleNamespace(rid="a", fill_ids=None)
+        fresh = NgramDrafter(max_depth=4)
+        alone = SimpleNamespace(rid="a", fill_ids=None, cached_tokens=0)
         for step in range(30):
             alone.fill_ids = req.fill_ids
             got, want = shared.propose([req], [6])[0], fresh.propose([alone], [6])[0]

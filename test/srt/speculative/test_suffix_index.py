@@ -61,7 +61,7 @@ def test_ngram_drafts_a_quote_whose_bigram_is_everywhere():
         history += [7, 8, 2000 + k]
     history += quote[:12]  # the output quotes the passage again, up to "7 8"
     drafter = NgramDrafter(max_depth=6)
-    req = types.SimpleNamespace(rid="q", fill_ids=history)
+    req = types.SimpleNamespace(rid="q", fill_ids=history, cached_tokens=0)
     tree = drafter.propose([req], [7])[0]
     chain, node = [], 0
     while True:

@@ -118,7 +118,7 @@ class NgramDrafter(Drafter):
         index = self.indexes.get(req.rid)
         if index is None:
             index = self.indexes[req.rid] = self.documents.start(
-                ids, getattr(req, "cached_tokens", 0), self.key_len)
+                ids, req.cached_tokens, self.key_len)
         index.extend(ids)
         n = index.length
         if budget < 2 or n <= self.key_len:
