@@ -159,6 +159,76 @@ void weighted_v(const float* p, const bf16* const* v, int64_t n, int64_t vd, flo
   }
 }
 
+// Interleave indices for _mm512_permutex2var_epi16(a, ix, b): 32-bit lane c holds (a[c + 16
+// half], b[c + 16 half]), the bf16 pair layout VDPBF16PS multiplies.
+inline __m512i pair_index(int half) {
+  alignas(64) int16_t ix[32];
+  for (int c = 0; c < 16; ++c)
+    for (int e = 0; e < 2; ++e) ix[2 * c + e] = static_cast<int16_t>(16 * half + c + 32 * e);
+  return _mm512_load_si512(ix);
+}
+
+// V of one head's chunk in key pairs: vn[jp * vd + d] = (V[2jp][d], V[2jp + 1][d]); the key
+// past an odd n reads as 0. vd % 32 == 0.
+inline void pair_values(const bf16* const* v, int64_t n, int64_t vd, int32_t* vn) {
+  const __m512i lo_i = pair_index(0), hi_i = pair_index(1);
+  for (int64_t jp = 0; 2 * jp < n; ++jp) {
+    const bf16* a = v[2 * jp];
+    const bf16* b = 2 * jp + 1 < n ? v[2 * jp + 1] : nullptr;
+    for (int64_t d0 = 0; d0 < vd; d0 += 32) {
+      const __m512i x = _mm512_loadu_si512(a + d0);
+      const __m512i y = b != nullptr ? _mm512_loadu_si512(b + d0) : _mm512_setzero_si512();
+      _mm512_storeu_si512(vn + jp * vd + d0, _mm512_permutex2var_epi16(x, lo_i, y));
+      _mm512_storeu_si512(vn + jp * vd + d0 + 16, _mm512_permutex2var_epi16(x, hi_i, y));
+    }
+  }
+}
+
+// The probabilities sv[j * 16 + i] of one row vector in key pairs, rounded to bf16 (as the AMX
+// path and flash attention on GPUs round P; l keeps the fp32 sum): pp[jp * 16 + i] =
+// (p[2jp][i], p[2jp + 1][i]); the key past an odd n weighs 0.
+inline void pair_probs(const float* sv, int64_t n, int32_t* pp) {
+  for (int64_t jp = 0; 2 * jp < n; ++jp) {
+    const __m512 lo = _mm512_loadu_ps(sv + 2 * jp * kLanes);
+    const __m512 hi = 2 * jp + 1 < n ? _mm512_loadu_ps(sv + (2 * jp + 1) * kLanes) : _mm512_setzero_ps();
+    const __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+    const __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
+    _mm512_storeu_si512(pp + jp * kLanes, _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+  }
+}
+
+// weighted_v on VDPBF16PS: acc[i * vd + d] = sum over key pairs of (p, p') . (v[d], v'[d]),
+// two keys per instruction (half the FMAs of weighted_v, whose scalar-times-row FMAs were
+// most of a 10-row verify's attention). Per lane in key-pair order: a row's sums depend only
+// on its own probabilities; a masked key (p = 0) adds exactly nothing. vd % 32 == 0.
+template <int NL>
+void weighted_v_dp(const int32_t* pp, const int32_t* vn, int64_t np, int64_t vd, float* acc) {
+  constexpr int NC = NL <= 8 ? 2 : 1;
+  for (int64_t d0 = 0; d0 < vd; d0 += 16 * NC) {
+    __m512 a[NC][NL];
+    for (int c = 0; c < NC; ++c)
+      for (int i = 0; i < NL; ++i) a[c][i] = _mm512_setzero_ps();
+    for (int64_t jp = 0; jp < np; ++jp) {
+      __m512bh vv[NC];
+      for (int c = 0; c < NC; ++c)
+        vv[c] = (__m512bh)_mm512_loadu_si512(vn + jp * vd + d0 + 16 * c);
+      const int32_t* pj = pp + jp * kLanes;
+      for (int i = 0; i < NL; ++i) {
+        const __m512bh b = (__m512bh)_mm512_set1_epi32(pj[i]);
+        for (int c = 0; c < NC; ++c) a[c][i] = _mm512_dpbf16_ps(a[c][i], b, vv[c]);
+      }
+    }
+    for (int c = 0; c < NC; ++c)
+      for (int i = 0; i < NL; ++i) _mm512_storeu_ps(acc + i * vd + d0 + 16 * c, a[c][i]);
+  }
+}
+
+template <int... Ns>
+void weighted_v_dp_lanes(int nl, const int32_t* pp, const int32_t* vn, int64_t np, int64_t vd,
+                         float* acc, std::integer_sequence<int, Ns...>) {
+  ((nl == Ns + 1 ? (weighted_v_dp<Ns + 1>(pp, vn, np, vd, acc), true) : false) || ...);
+}
+
 template <int... Ns>
 void weighted_v_lanes(int nl, const float* p, const bf16* const* v, int64_t n, int64_t vd,
                       float* acc, std::integer_sequence<int, Ns...>) {
@@ -208,7 +278,11 @@ using Buffer = std::unique_ptr<T[]>;
 struct Scratch {
   Buffer<float> sT;            // scores / probabilities [RV][kChunk][16]
   std::vector<bf16> zero_row;  // the keys past a chunk's end in a block (scores unused)
-  Scratch(int64_t hd, int64_t RV) : sT(new float[RV * kChunk * kLanes]), zero_row(hd, bf16(0.0f)) {}
+  Buffer<int32_t> vn;          // V in key pairs [kChunk / 2][vd] (pair_values)
+  Buffer<int32_t> pp;          // P in key pairs [kChunk / 2][16] (pair_probs)
+  Scratch(int64_t hd, int64_t vd, int64_t RV)
+      : sT(new float[RV * kChunk * kLanes]), zero_row(hd, bf16(0.0f)),
+        vn(new int32_t[kChunk / 2 * vd]), pp(new int32_t[kChunk / 2 * kLanes]) {}
 };
 
 // One work item: keys [c0, c1) of every KV head; partials at [h * R + r] of m/l/acc.
@@ -233,13 +307,21 @@ void chunk_partials(const Shapes& s, int64_t RV, const int32_t* qP, const bf16* 
       for (int64_t v = 0; v < RV; ++v)  // the 8 key rows stay in L1 across the row vectors
         score_block_any(qh + v * P * kLanes, kr, hd, w.sT.get() + (v * kChunk + j0) * kLanes);
     }
+    const bool pairs = vd % 32 == 0;
+    if (pairs) pair_values(vp, n, vd, w.vn.get());
     for (int64_t v = 0; v < RV; ++v) {
       const int nl = static_cast<int>(std::min<int64_t>(kLanes, s.R - v * kLanes));
       float* sv = w.sT.get() + v * kChunk * kLanes;
       const int64_t base = h * s.R + v * kLanes;
       softmax_lanes(s, sv, n, nl, v, masked ? mask + c0 : nullptr, m_out + base, l_out + base);
-      weighted_v_lanes(nl, sv, vp, n, vd, acc_out + base * vd,
-                       std::make_integer_sequence<int, kLanes>{});
+      if (pairs) {
+        pair_probs(sv, n, w.pp.get());
+        weighted_v_dp_lanes(nl, w.pp.get(), w.vn.get(), (n + 1) / 2, vd, acc_out + base * vd,
+                            std::make_integer_sequence<int, kLanes>{});
+      } else {
+        weighted_v_lanes(nl, sv, vp, n, vd, acc_out + base * vd,
+                         std::make_integer_sequence<int, kLanes>{});
+      }
     }
   }
 }
@@ -373,10 +455,7 @@ void chunk_partials_amx(const Shapes& s, int64_t RV, const int32_t* qP, const bf
   const int64_t n32 = (n + kPvKeys - 1) / kPvKeys;  // P V steps
   const bool masked = chunk_masked(s, mask, c0, n);
   // V pairs: (V[2k][c], V[2k + 1][c]) for 16 columns of one 64-byte tile row
-  alignas(64) int16_t lo_ix[32], hi_ix[32];
-  for (int c = 0; c < 16; ++c)
-    for (int e = 0; e < 2; ++e) lo_ix[2 * c + e] = c + 32 * e, hi_ix[2 * c + e] = 16 + c + 32 * e;
-  const __m512i lo_i = _mm512_load_si512(lo_ix), hi_i = _mm512_load_si512(hi_ix);
+  const __m512i lo_i = pair_index(0), hi_i = pair_index(1);
   for (int64_t h = 0; h < s.KVH; ++h) {
     const int32_t* qh = qP + h * RV * P * kLanes;
     for (int64_t j0 = 0; j0 < n; j0 += kTileKeys) {
@@ -485,7 +564,7 @@ void partials_bf16_dp(const Shapes& s, const bf16* q, const bf16* kb, const bf16
   }
 #endif
   for_each_chunk(
-      s, [&] { return Scratch(s.hd, RV); },
+      s, [&] { return Scratch(s.hd, s.vd, RV); },
       [&](Scratch& w, int64_t c, int64_t c0, int64_t c1, int64_t next_n) {
         chunk_partials(s, RV, qP.data(), kb, vb, idx, mask, c0, c1, idx + c1, next_n, w,
                        m + c * per, l + c * per, acc + c * per * s.vd);
