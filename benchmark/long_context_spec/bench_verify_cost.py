@@ -10,7 +10,8 @@ bookkeeping). The prompt repeats a passage of a legal text, so the n-gram chains
 
 Writes benchmark/results/verify_cost.json and .png: median forward and step ms per option and
 the ratio of a verify step to a plain one (what VERIFY_COST_PRIOR in spec_worker.py guesses
-before the cost model has measured both).
+before the cost model has measured both); with --split-kernels, each CPU kernel's median ms
+per step (where the verify's time goes).
 """
 
 from __future__ import annotations
@@ -26,6 +27,27 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import RESULTS, machine_info, plot_bars, prompt_ids, save  # noqa: E402
 
 
+# sgl_kernel's CPU ops, timed per step to say where a verify's time goes; the rest of the
+# forward is torch ops and Python (embedding, KV writes, masks, the logits' gather).
+_KERNELS = ("small_m_linear", "decode_attention", "rmsnorm", "silu_and_mul", "rotary_embedding")
+
+
+def _timed_kernels(split: Dict[str, float]) -> None:
+    import sgl_kernel.cpu as cpu
+
+    def wrap(name: str, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            key = f"linear N={args[1].shape[0]}" if name == "small_m_linear" else name
+            split[key] = split.get(key, 0.0) + time.perf_counter() - t0
+            return out
+        return timed
+
+    for name in _KERNELS:  # the layers call these through the module, so wrapping it is enough
+        setattr(cpu, name, wrap(name, getattr(cpu, name)))
+
+
 def _timed_forward(sched, log: List[tuple]):
     inner = sched.runner.forward
 
@@ -39,7 +61,7 @@ def _timed_forward(sched, log: List[tuple]):
 
 
 def run(model: str, dtype: str, contexts: List[int], budgets: List[int], steps: int,
-        rounds: int) -> Dict:
+        rounds: int, split_kernels: bool = False) -> Dict:
     from transformers import AutoTokenizer  # noqa: F401  (the GGUF's tokenizer, below)
 
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
@@ -50,6 +72,9 @@ def run(model: str, dtype: str, contexts: List[int], budgets: List[int], steps: 
     from sglang.srt.speculative.budget_policy import FixedBudget
 
     tok = load_tokenizer(model)
+    split: Dict[str, float] = {}
+    if split_kernels:
+        _timed_kernels(split)
     out: Dict = {"model": model, "dtype": dtype, "steps_per_block": steps, "rounds": rounds,
                  "machine": machine_info(), "contexts": {}}
     for ctx in contexts:
@@ -73,11 +98,13 @@ def run(model: str, dtype: str, contexts: List[int], budgets: List[int], steps: 
         prefill_s = time.perf_counter() - t0
         rows: Dict[int, Dict[str, List[float]]] = {b: {"forward": [], "step": [], "rows": []}
                                                    for b in budgets}
+        kernels: Dict[int, List[Dict[str, float]]] = {b: [] for b in budgets}
         for _ in range(rounds):
             for b in budgets:  # interleaved blocks: every option at nearly the same context
                 sched.spec.use_policy(FixedBudget(b))
                 for _ in range(steps):
                     log.clear()
+                    split.clear()
                     t = time.perf_counter()
                     sched.step()
                     step_s = time.perf_counter() - t
@@ -90,6 +117,7 @@ def run(model: str, dtype: str, contexts: List[int], budgets: List[int], steps: 
                     rows[b]["forward"].append(fwd)
                     rows[b]["step"].append(step_s)
                     rows[b]["rows"].append(n_rows)
+                    kernels[b].append(dict(split))
         sched.abort("r")
         sched.flush_cache()
         med = {b: {k: (statistics.median(v) if v else None) for k, v in r.items() if k != "rows"}
@@ -103,6 +131,10 @@ def run(model: str, dtype: str, contexts: List[int], budgets: List[int], steps: 
                 "samples": n, "forward_ms": _ms(m["forward"]), "step_ms": _ms(m["step"]),
                 "rest_ms": _ms(m["step"] - m["forward"]) if m["step"] else None,
                 "step_over_plain": round(ratio, 3) if ratio else None}
+            if split_kernels and kernels[b]:  # median ms per step of each kernel
+                names = sorted({k for d in kernels[b] for k in d})
+                entry["options"][str(b)]["kernels_ms"] = {
+                    k: _ms(statistics.median(d.get(k, 0.0) for d in kernels[b])) for k in names}
         out["contexts"][str(ctx)] = entry
         print(f"context {ctx}: prefill {prefill_s:.1f} s; " + ", ".join(
             f"rows {b}: step {e['step_ms']} ms (x{e['step_over_plain']}) forward {e['forward_ms']} ms"
@@ -126,13 +158,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="verify_cost")
+    ap.add_argument("--split-kernels", action="store_true",
+                    help="also time each sgl_kernel CPU op per step (kernels_ms)")
     args = ap.parse_args()
     if not args.model:
         sys.exit("no --model: run scripts/fetch_real_models.py --only 0.5b first")
     contexts = [int(c) for c in args.contexts.split(",")]
     budgets = [int(b) for b in args.budgets.split(",")]
     assert budgets[0] == 1, "the plain step (budget 1) comes first"
-    result = run(args.model, args.dtype, contexts, budgets, args.steps, args.rounds)
+    result = run(args.model, args.dtype, contexts, budgets, args.steps, args.rounds,
+                 args.split_kernels)
     result["command"] = " ".join(sys.argv)
     path = save(args.name, result)
     series = {f"{b} rows": [result["contexts"][str(c)]["options"][str(b)]["step_over_plain"]

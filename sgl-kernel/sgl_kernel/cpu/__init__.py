@@ -23,6 +23,7 @@ import torch
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = ("bindings.cpp", "small_m_linear.cpp", "decode_attention.cpp", "decode_attention_dp.cpp",
+            "decode_attention_amx.cpp",
             "elementwise.cpp")
 _EXT_NAME = "sgl_cpu_linear"
 

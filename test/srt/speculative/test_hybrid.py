@@ -104,6 +104,11 @@ def test_hybrid_is_lossless(tiny_llama_dir, tiny_draft_dir, draft, batch) -> Non
     sched.check_all_free()
 
 
+# The n-grams continue this text (7 -> 5, 6, 7) from a 3-token match: not a quote, so the
+# draft model's turn is decided by its EMA (a quote, [5, 6, 7, 8, 9] * 4, skips it outright).
+SHORT_MATCH = [1, 2, 3, 4, 5, 6, 7, 5, 6, 7]
+
+
 def test_draft_model_sits_out_while_ngrams_carry_the_text() -> None:
     """Once the n-grams carry a request (model weight at the floor), the draft model is
     asked only every `probe_every` steps; a request with no n-gram match always asks it."""
@@ -123,7 +128,7 @@ def test_draft_model_sits_out_while_ngrams_carry_the_text() -> None:
 
     model = Counting()
     hybrid = HybridDrafter(NgramDrafter(max_depth=4), model, probe_every=4)
-    copied = SimpleNamespace(rid="copied", fill_ids=[5, 6, 7, 8, 9] * 4, cached_tokens=0)
+    copied = SimpleNamespace(rid="copied", fill_ids=SHORT_MATCH, cached_tokens=0)
     fresh = SimpleNamespace(rid="fresh", fill_ids=[1, 2, 3, 4], cached_tokens=0)
     for _ in range(30):
         hybrid.weights.setdefault("copied", DrafterWeights()).update({"ngram": 4, "model": 0})
@@ -152,7 +157,7 @@ def test_draft_model_sits_out_while_it_only_repeats_the_ngrams() -> None:
             self.asked += 1
             return [chain(r.fill_ids[-1], self.follow(r), [0.9] * 3) for r in reqs]
 
-    text = [5, 6, 7, 8, 9] * 4
+    text = SHORT_MATCH
     model = Echo(lambda r: [5, 6, 7])
     hybrid = HybridDrafter(NgramDrafter(max_depth=4), model, probe_every=4)
     req = SimpleNamespace(rid="q", fill_ids=text, cached_tokens=0)
@@ -193,12 +198,45 @@ def test_held_back_requests_get_ngram_trees_without_the_model() -> None:
     model = Asked()
     hybrid = HybridDrafter(NgramDrafter(max_depth=4), model)
     behind = SimpleNamespace(rid="behind", fill_ids=[5, 6, 7, 8, 9] * 4, cached_tokens=0)
-    level = SimpleNamespace(rid="level", fill_ids=[5, 6, 7, 8, 9] * 4, cached_tokens=0)
+    level = SimpleNamespace(rid="level", fill_ids=SHORT_MATCH, cached_tokens=0)
     hybrid.hold_back({"behind"})
     got = dict(zip(["behind", "level"], hybrid.propose([behind, level], [5, 7])))
     assert model.asked == ["level"]
     assert paths(got["behind"]) == {(5,), (5, 6), (5, 6, 7), (5, 6, 7, 8)}
     assert (1,) in paths(got["level"])  # the model's branch beside the n-grams'
     for r in (behind, level):
+        hybrid.release(r)
+    hybrid.check_all_free()
+
+
+def test_draft_model_sits_out_while_the_ngrams_quote() -> None:
+    """A request quoting its context (a long backward match, a deep likely n-gram path) is
+    drafted by the n-grams alone from its first step, with no probes; one whose n-grams only
+    match a few tokens back asks the draft model."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.drafters.base import Drafter
+    from sglang.srt.speculative.drafters.hybrid import HybridDrafter
+    from sglang.srt.speculative.drafters.ngram import NgramDrafter
+
+    class Asked(Drafter):
+        def __init__(self):
+            self.asked = []
+
+        def propose(self, reqs, budgets, depth=None):
+            self.asked += [r.rid for r in reqs]
+            return [chain(r.fill_ids[-1], [1, 2], [0.5, 0.5]) for r in reqs]
+
+    model = Asked()
+    ngram = NgramDrafter(max_depth=6)
+    hybrid = HybridDrafter(ngram, model, probe_every=4)
+    quote = SimpleNamespace(rid="quote", fill_ids=[5, 6, 7, 8, 9] * 4, cached_tokens=0)
+    prose = SimpleNamespace(rid="prose", fill_ids=SHORT_MATCH, cached_tokens=0)
+    for _ in range(12):
+        got = dict(zip(["quote", "prose"], hybrid.propose([quote, prose], [7, 7])))
+    assert "quote" not in model.asked and "prose" in model.asked
+    assert ngram.match_len["quote"] >= hybrid.sure_match > ngram.match_len["prose"]
+    assert (5, 6, 7, 8, 9) in paths(got["quote"])  # the quoted passage, deeper than 3 steps
+    for r in (quote, prose):
         hybrid.release(r)
     hybrid.check_all_free()

@@ -109,6 +109,9 @@ class NgramDrafter(Drafter):
         self.max_candidates = max_candidates
         self.indexes: Dict[str, SuffixIndex] = {}
         self.documents = DocumentIndexes()
+        # rid -> how far back its last proposal's best candidate matched (0: no match); a
+        # long match means the request is quoting its context (HYBRID reads it)
+        self.match_len: Dict[str, int] = {}
 
     def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
         return [self._propose_one(r, b, depth or self.max_depth) for r, b in zip(reqs, budgets)]
@@ -121,6 +124,7 @@ class NgramDrafter(Drafter):
                 ids, req.cached_tokens, self.key_len)
         index.extend(ids)
         n = index.length
+        self.match_len[req.rid] = 0
         if budget < 2 or n <= self.key_len:
             return None
         key = tuple(ids[n - self.key_len :])
@@ -133,6 +137,7 @@ class NgramDrafter(Drafter):
         # Rank occurrences by how far the match extends backwards, then by recency.
         scored = sorted(((_match_len(hist, p, n, self.max_match), p) for p in set(starts)),
                         key=lambda mp: (-mp[0], -mp[1]))
+        self.match_len[req.rid] = scored[0][0]
         trie: Dict[Tuple[int, ...], float] = {}
         for m, p in scored[: self.max_candidates]:
             # A candidate's vote grows with its match length: a passage being quoted
@@ -146,9 +151,11 @@ class NgramDrafter(Drafter):
 
     def release(self, req) -> None:
         self.indexes.pop(req.rid, None)
+        self.match_len.pop(req.rid, None)
 
     def check_all_free(self) -> None:
-        assert not self.indexes, f"n-gram state left for {list(self.indexes)}"
+        assert not self.indexes and not self.match_len, \
+            f"n-gram state left for {list(self.indexes) or list(self.match_len)}"
 
 
 _MATCH_WEIGHT = 2.0  # vote of a candidate = _MATCH_WEIGHT ** (backward match length, <= 12)
