@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from sglang.srt.speculative.drafters.base import Drafter
 from sglang.srt.speculative.drafters.hybrid import DrafterWeights, merge_trees
 from sglang.srt.speculative.tree import DraftTree
 from sglang.test.scheduler_driver import greedy, make_scheduler, run
@@ -109,12 +110,22 @@ def test_hybrid_is_lossless(tiny_llama_dir, tiny_draft_dir, draft, batch) -> Non
 SHORT_MATCH = [1, 2, 3, 4, 5, 6, 7, 5, 6, 7]
 
 
+class AskedModel(Drafter):
+    """A stand-in draft model that records who asked it and proposes the branch 1, 2."""
+
+    def __init__(self):
+        self.asked = []
+
+    def propose(self, reqs, budgets, depth=None):
+        self.asked += [r.rid for r in reqs]
+        return [chain(r.fill_ids[-1], [1, 2], [0.5, 0.5]) for r in reqs]
+
+
 def test_draft_model_sits_out_while_ngrams_carry_the_text() -> None:
     """Once the n-grams carry a request (model weight at the floor), the draft model is
     asked only every `probe_every` steps; a request with no n-gram match always asks it."""
     from types import SimpleNamespace
 
-    from sglang.srt.speculative.drafters.base import Drafter
     from sglang.srt.speculative.drafters.hybrid import HybridDrafter
     from sglang.srt.speculative.drafters.ngram import NgramDrafter
 
@@ -145,7 +156,6 @@ def test_draft_model_sits_out_while_it_only_repeats_the_ngrams() -> None:
     own), and asked again every step once it brings accepted tokens the n-grams missed."""
     from types import SimpleNamespace
 
-    from sglang.srt.speculative.drafters.base import Drafter
     from sglang.srt.speculative.drafters.hybrid import HybridDrafter
     from sglang.srt.speculative.drafters.ngram import NgramDrafter
 
@@ -183,19 +193,10 @@ def test_held_back_requests_get_ngram_trees_without_the_model() -> None:
     by the n-grams alone; the others still ask the model."""
     from types import SimpleNamespace
 
-    from sglang.srt.speculative.drafters.base import Drafter
     from sglang.srt.speculative.drafters.hybrid import HybridDrafter
     from sglang.srt.speculative.drafters.ngram import NgramDrafter
 
-    class Asked(Drafter):
-        def __init__(self):
-            self.asked = []
-
-        def propose(self, reqs, budgets, depth=None):
-            self.asked += [r.rid for r in reqs]
-            return [chain(r.fill_ids[-1], [1, 2], [0.5, 0.5]) for r in reqs]
-
-    model = Asked()
+    model = AskedModel()
     hybrid = HybridDrafter(NgramDrafter(max_depth=4), model)
     behind = SimpleNamespace(rid="behind", fill_ids=[5, 6, 7, 8, 9] * 4, cached_tokens=0)
     level = SimpleNamespace(rid="level", fill_ids=SHORT_MATCH, cached_tokens=0)
@@ -215,19 +216,10 @@ def test_draft_model_sits_out_while_the_ngrams_quote() -> None:
     match a few tokens back asks the draft model."""
     from types import SimpleNamespace
 
-    from sglang.srt.speculative.drafters.base import Drafter
     from sglang.srt.speculative.drafters.hybrid import HybridDrafter
     from sglang.srt.speculative.drafters.ngram import NgramDrafter
 
-    class Asked(Drafter):
-        def __init__(self):
-            self.asked = []
-
-        def propose(self, reqs, budgets, depth=None):
-            self.asked += [r.rid for r in reqs]
-            return [chain(r.fill_ids[-1], [1, 2], [0.5, 0.5]) for r in reqs]
-
-    model = Asked()
+    model = AskedModel()
     ngram = NgramDrafter(max_depth=6)
     hybrid = HybridDrafter(ngram, model, probe_every=4)
     quote = SimpleNamespace(rid="quote", fill_ids=[5, 6, 7, 8, 9] * 4, cached_tokens=0)

@@ -29,6 +29,7 @@ import math
 from typing import Dict, List, Optional, Set, Tuple
 
 from sglang.srt.speculative.drafters.base import Drafter
+from sglang.srt.speculative.drafters.ngram import NgramDrafter
 from sglang.srt.speculative.tree import DraftTree, select_best
 
 NAMES = ("ngram", "model")
@@ -106,7 +107,7 @@ class HybridDrafter(Drafter):
     sure_depth = 4
     sure_prob = 0.5
 
-    def __init__(self, ngram: Drafter, model: Drafter, probe_every: int = 8,
+    def __init__(self, ngram: NgramDrafter, model: Drafter, probe_every: int = 8,
                  min_unique: float = 0.5) -> None:
         self.ngram, self.model = ngram, model
         self.min_unique = min_unique  # tokens a verify the draft model must add to be asked
@@ -165,7 +166,7 @@ class HybridDrafter(Drafter):
         return False
 
     def _ngrams_quoting(self, req, tree: DraftTree) -> bool:
-        if getattr(self.ngram, "match_len", {}).get(req.rid, 0) < self.sure_match:
+        if self.ngram.match_len.get(req.rid, 0) < self.sure_match:
             return False
         floor = math.log(self.sure_prob)
         return any(d >= self.sure_depth and sc >= floor
