@@ -76,3 +76,18 @@ def test_questions_on_a_cached_document_share_its_index():
         fresh.release(alone)
     assert shared.documents.saves == 1 and shared.documents.forks == 2
     shared.check_all_free()
+
+
+def test_a_one_token_match_drafts_where_no_key_gram_occurred():
+    """The answer's first word after the chat template ("\\n Article") pairs with a token
+    the document never put before it; the word alone occurred, and what followed it is the
+    draft (vLLM's ngram takes such one-token matches too). Before: no draft at all."""
+    doc = [10, 11, 12, 40, 41, 42, 43, 44, 13, 14]  # 40 = "Article", after 12 ("\\n\\n")
+    history = doc + [90, 91, 99, 40]  # the answer starts "Article" after 99 ("\\n")
+    drafter = NgramDrafter(max_depth=4)
+    tree = drafter.propose([_req(history)], [5])[0]
+    assert tree is not None
+    chain = [tree.tokens[i] for i in range(1, len(tree))]
+    assert chain[:4] == [41, 42, 43, 44]
+    drafter.release(_req(history))
+    drafter.check_all_free()

@@ -130,7 +130,10 @@ class NgramDrafter(Drafter):
         key = tuple(ids[n - self.key_len :])
         starts = [p for p in index.positions.get(key, []) if p < n][-256:]
         # the longest earlier matches, however far back (longer than the k-gram, or not)
-        starts += [p for m, p in index.automaton.matches() if m > self.key_len]
+        found = index.automaton.matches()
+        starts += [p for m, p in found if m > self.key_len]
+        if not starts:  # no k-gram occurred before: a shorter suffix (one token) still may
+            starts = [p for _, p in found]
         if not starts:
             return None
         hist = index.tokens[:n]
