@@ -90,14 +90,16 @@ def test_row_bits_do_not_depend_on_the_other_rows(dt: str, seed: int) -> None:
     if dt == "bf16" and isa != "avx512bf16":
         pytest.skip("bf16 rows share AVX2 sweeps of different shapes (5-6 rows: two sums)")
     max_rows = 10 if dt == "bf16" else 6
-    k, n = 1000, 203  # K not a multiple of 32: the masked tail step too
-    w, b = torch.randn(n, k).to(DTYPES[dt]), torch.randn(n).to(DTYPES[dt])
-    for m in range(1, max_rows + 1):
-        x = torch.randn(m, k).to(DTYPES[dt])
-        y = cpu.small_m_linear(x, w, b)
-        for i in range(m):
-            assert torch.equal(y[i:i + 1], cpu.small_m_linear(x[i:i + 1], w, b)), (
-                f"seed={seed} {isa} M={m} row {i}")
+    # K not a multiple of 32: the masked tail step too; K = 4870: a long K that one sweep
+    # cuts into k-blocks (a down projection's), for every M alike
+    for k, n in ((1000, 203), (4870, 97)):
+        w, b = torch.randn(n, k).to(DTYPES[dt]), torch.randn(n).to(DTYPES[dt])
+        for m in range(1, max_rows + 1):
+            x = torch.randn(m, k).to(DTYPES[dt])
+            y = cpu.small_m_linear(x, w, b)
+            for i in range(m):
+                assert torch.equal(y[i:i + 1], cpu.small_m_linear(x[i:i + 1], w, b)), (
+                    f"seed={seed} {isa} M={m} row {i} K={k}")
 
 
 def test_shapes_and_views(seed: int) -> None:

@@ -76,38 +76,57 @@ std::vector<int32_t> pair_queries(const Shapes& s, const bf16* q, int64_t RV) {
   return qP;
 }
 
-// Scores (unscaled) of 16 query rows (lanes of qv) against 8 keys (rows kr[u]):
-// dst[u * 16 + i] = row i . key u, one VDPBF16PS chain per (key, lane) in pair order.
-template <int HD>
-inline void score_block(const int32_t* __restrict qv, const bf16* const* kr, int64_t hd,
-                        float* __restrict dst) {
+// Scores (unscaled) of NV row vectors (16 query rows each, lanes of qv + v * qs) against 8
+// keys (rows kr[u]): dst[v * ds + u * 16 + i] = row i of vector v . key u, one VDPBF16PS chain
+// per (key, lane) in pair order. Each key pair broadcast serves the NV vectors (a verify's 5
+// vectors reloaded it 5 times: as many loads as multiply-adds).
+template <int NV, int HD>
+inline void score_block(const int32_t* __restrict qv, int64_t qs, const bf16* const* kr,
+                        int64_t hd, float* __restrict dst, int64_t ds) {
   const int64_t D = HD > 0 ? HD : hd;
-  const bf16 *k0 = kr[0], *k1 = kr[1], *k2 = kr[2], *k3 = kr[3], *k4 = kr[4], *k5 = kr[5],
-             *k6 = kr[6], *k7 = kr[7];
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-#pragma GCC unroll 4
+  __m512 a[NV][kBlock];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 8
+    for (int u = 0; u < kBlock; ++u) a[v][u] = _mm512_setzero_ps();
+#pragma GCC unroll 2
   for (int64_t d = 0; d < D; d += 2) {
-    const __m512bh qd = (__m512bh)_mm512_loadu_si512(qv + d / 2 * kLanes);
-    a0 = _mm512_dpbf16_ps(a0, qd, pair_bcast(k0 + d));
-    a1 = _mm512_dpbf16_ps(a1, qd, pair_bcast(k1 + d));
-    a2 = _mm512_dpbf16_ps(a2, qd, pair_bcast(k2 + d));
-    a3 = _mm512_dpbf16_ps(a3, qd, pair_bcast(k3 + d));
-    a4 = _mm512_dpbf16_ps(a4, qd, pair_bcast(k4 + d));
-    a5 = _mm512_dpbf16_ps(a5, qd, pair_bcast(k5 + d));
-    a6 = _mm512_dpbf16_ps(a6, qd, pair_bcast(k6 + d));
-    a7 = _mm512_dpbf16_ps(a7, qd, pair_bcast(k7 + d));
+    __m512bh qd[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      qd[v] = (__m512bh)_mm512_loadu_si512(qv + v * qs + d / 2 * kLanes);
+#pragma GCC unroll 8
+    for (int u = 0; u < kBlock; ++u) {
+      const __m512bh kp = pair_bcast(kr[u] + d);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) a[v][u] = _mm512_dpbf16_ps(a[v][u], qd[v], kp);
+    }
   }
-  _mm512_storeu_ps(dst, a0), _mm512_storeu_ps(dst + 16, a1), _mm512_storeu_ps(dst + 32, a2);
-  _mm512_storeu_ps(dst + 48, a3), _mm512_storeu_ps(dst + 64, a4), _mm512_storeu_ps(dst + 80, a5);
-  _mm512_storeu_ps(dst + 96, a6), _mm512_storeu_ps(dst + 112, a7);
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 8
+    for (int u = 0; u < kBlock; ++u) _mm512_storeu_ps(dst + v * ds + u * kLanes, a[v][u]);
 }
 
-inline void score_block_any(const int32_t* qv, const bf16* const* kr, int64_t hd, float* dst) {
+template <int NV>
+inline void score_block_hd(const int32_t* qv, int64_t qs, const bf16* const* kr, int64_t hd,
+                           float* dst, int64_t ds) {
   switch (hd) {
-    case 64: return score_block<64>(qv, kr, hd, dst);
-    case 128: return score_block<128>(qv, kr, hd, dst);
-    default: return score_block<0>(qv, kr, hd, dst);
+    case 64: return score_block<NV, 64>(qv, qs, kr, hd, dst, ds);
+    case 128: return score_block<NV, 128>(qv, qs, kr, hd, dst, ds);
+    default: return score_block<NV, 0>(qv, qs, kr, hd, dst, ds);
   }
+}
+
+// The scores of all RV row vectors against 8 keys, up to 3 vectors at a time (24 accumulators,
+// 3 query pairs and a key pair in the 32 zmm registers).
+inline void score_rows(const int32_t* qh, int64_t RV, int64_t P, const bf16* const* kr,
+                       int64_t hd, float* dst) {
+  const int64_t qs = P * kLanes, ds = kChunk * kLanes;
+  int64_t v = 0;
+  for (; v + 3 <= RV; v += 3) score_block_hd<3>(qh + v * qs, qs, kr, hd, dst + v * ds, ds);
+  if (RV - v == 2) score_block_hd<2>(qh + v * qs, qs, kr, hd, dst + v * ds, ds);
+  if (RV - v == 1) score_block_hd<1>(qh + v * qs, qs, kr, hd, dst + v * ds, ds);
 }
 
 // acc[i * vd + d] = sum_j p[j * 16 + i] * v_j[d] for the first NL lanes (rows), keys in order,
@@ -172,32 +191,57 @@ inline void pair_probs(const float* sv, int64_t n, int32_t* pp) {
 // two keys per instruction (half the FMAs of weighted_v, whose scalar-times-row FMAs were
 // most of a 10-row verify's attention). Per lane in key-pair order: a row's sums depend only
 // on its own probabilities; a masked key (p = 0) adds exactly nothing. vd % 32 == 0.
-template <int NL>
-void weighted_v_dp(const int32_t* pp, const int32_t* vn, int64_t np, int64_t vd, float* acc) {
-  constexpr int NC = NL <= 8 ? 2 : 1;
-  for (int64_t d0 = 0; d0 < vd; d0 += 16 * NC) {
-    __m512 a[NC][NL];
-    for (int c = 0; c < NC; ++c)
-      for (int i = 0; i < NL; ++i) a[c][i] = _mm512_setzero_ps();
-    for (int64_t jp = 0; jp < np; ++jp) {
-      __m512bh vv[NC];
-      for (int c = 0; c < NC; ++c)
-        vv[c] = (__m512bh)_mm512_loadu_si512(vn + jp * vd + d0 + 16 * c);
-      const int32_t* pj = pp + jp * kLanes;
-      for (int i = 0; i < NL; ++i) {
-        const __m512bh b = (__m512bh)_mm512_set1_epi32(pj[i]);
-        for (int c = 0; c < NC; ++c) a[c][i] = _mm512_dpbf16_ps(a[c][i], b, vv[c]);
-      }
+//
+// One call: rows [i0, i0 + RB) x CG 16-column groups from d0, RB * CG <= 24 accumulators, so
+// each V load serves RB rows and each probability broadcast CG groups (the previous one-group
+// sweeps loaded as often as they multiplied).
+template <int RB, int CG>
+inline void pv_block(const int32_t* __restrict pp, const int32_t* __restrict vn, int64_t np,
+                     int64_t vd, int64_t d0, int i0, float* __restrict acc) {
+  __m512 a[RB][CG];
+#pragma GCC unroll 12
+  for (int i = 0; i < RB; ++i)
+#pragma GCC unroll 4
+    for (int c = 0; c < CG; ++c) a[i][c] = _mm512_setzero_ps();
+  for (int64_t jp = 0; jp < np; ++jp) {
+    __m512bh vv[CG];
+#pragma GCC unroll 4
+    for (int c = 0; c < CG; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(vn + jp * vd + d0 + 16 * c);
+    const int32_t* pj = pp + jp * kLanes + i0;
+#pragma GCC unroll 12
+    for (int i = 0; i < RB; ++i) {
+      const __m512bh b = (__m512bh)_mm512_set1_epi32(pj[i]);
+#pragma GCC unroll 4
+      for (int c = 0; c < CG; ++c) a[i][c] = _mm512_dpbf16_ps(a[i][c], b, vv[c]);
     }
-    for (int c = 0; c < NC; ++c)
-      for (int i = 0; i < NL; ++i) _mm512_storeu_ps(acc + i * vd + d0 + 16 * c, a[c][i]);
   }
+#pragma GCC unroll 12
+  for (int i = 0; i < RB; ++i)
+#pragma GCC unroll 4
+    for (int c = 0; c < CG; ++c) _mm512_storeu_ps(acc + (i0 + i) * vd + d0 + 16 * c, a[i][c]);
 }
 
-template <int... Ns>
-void weighted_v_dp_lanes(int nl, const int32_t* pp, const int32_t* vn, int64_t np, int64_t vd,
-                         float* acc, std::integer_sequence<int, Ns...>) {
-  ((nl == Ns + 1 ? (weighted_v_dp<Ns + 1>(pp, vn, np, vd, acc), true) : false) || ...);
+template <int CG, int... Rs>
+void pv_rows(int rb, const int32_t* pp, const int32_t* vn, int64_t np, int64_t vd, int64_t d0,
+             int i0, float* acc, std::integer_sequence<int, Rs...>) {
+  ((rb == Rs + 1 ? (pv_block<Rs + 1, CG>(pp, vn, np, vd, d0, i0, acc), true) : false) || ...);
+}
+
+// The first nl rows: 64-column groups (CG 4) in blocks of 6 rows where vd % 64 == 0, else
+// 32-column groups in blocks of 12.
+inline void weighted_v_dp(int nl, const int32_t* pp, const int32_t* vn, int64_t np, int64_t vd,
+                          float* acc) {
+  if (vd % 64 == 0) {
+    for (int64_t d0 = 0; d0 < vd; d0 += 64)
+      for (int i0 = 0; i0 < nl; i0 += 6)
+        pv_rows<4>(std::min(6, nl - i0), pp, vn, np, vd, d0, i0, acc,
+                   std::make_integer_sequence<int, 6>{});
+  } else {
+    for (int64_t d0 = 0; d0 < vd; d0 += 32)
+      for (int i0 = 0; i0 < nl; i0 += 12)
+        pv_rows<2>(std::min(12, nl - i0), pp, vn, np, vd, d0, i0, acc,
+                   std::make_integer_sequence<int, 12>{});
+  }
 }
 
 template <int... Ns>
@@ -235,8 +279,7 @@ void chunk_partials(const Shapes& s, int64_t RV, const int32_t* qP, const bf16* 
       prefetch_next(s, kb, vb, next_idx, next_n, j0, j0 + kBlock, h);
       const bf16* kr[kBlock];
       for (int64_t u = 0; u < kBlock; ++u) kr[u] = j0 + u < n ? kp[j0 + u] : w.zero_row.data();
-      for (int64_t v = 0; v < RV; ++v)  // the 8 key rows stay in L1 across the row vectors
-        score_block_any(qh + v * P * kLanes, kr, hd, w.sT.get() + (v * kChunk + j0) * kLanes);
+      score_rows(qh, RV, P, kr, hd, w.sT.get() + j0 * kLanes);
     }
     const bool pairs = vd % 32 == 0;
     if (pairs) pair_values(vp, n, vd, w.vn.get());
@@ -247,8 +290,7 @@ void chunk_partials(const Shapes& s, int64_t RV, const int32_t* qP, const bf16* 
       softmax_lanes(s, sv, n, nl, v, masked ? mask + c0 : nullptr, m_out + base, l_out + base);
       if (pairs) {
         pair_probs(sv, n, w.pp.get());
-        weighted_v_dp_lanes(nl, w.pp.get(), w.vn.get(), (n + 1) / 2, vd, acc_out + base * vd,
-                            std::make_integer_sequence<int, kLanes>{});
+        weighted_v_dp(nl, w.pp.get(), w.vn.get(), (n + 1) / 2, vd, acc_out + base * vd);
       } else {
         weighted_v_lanes(nl, sv, vp, n, vd, acc_out + base * vd,
                          std::make_integer_sequence<int, kLanes>{});

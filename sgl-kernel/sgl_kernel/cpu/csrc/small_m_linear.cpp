@@ -261,6 +261,7 @@ struct Avx2Kind {
   // stream (at least one row): the next tile's rows.
   static constexpr int prefetch_rows = 3;
   static constexpr int64_t prefetch_bytes = 0;
+  static constexpr int64_t single_kb = 0;
   template <int MT, int NT>
   static constexpr TileFn<XT, WT> fn() { return &tile<MT, NT, WT>; }
 };
@@ -278,6 +279,7 @@ struct DpKind {
   // DRAM reads serialised, as in tile_reg's case).
   static constexpr int prefetch_rows = 1;
   static constexpr int64_t prefetch_bytes = 8192;
+  static constexpr int64_t single_kb = 1024;
   template <int MT, int NT>
   static constexpr TileFn<XT, bf16> fn() { return &tile_dp<MT, NT>; }
 };
@@ -356,7 +358,13 @@ void run(const typename Kind::XT* x, int64_t M, int64_t K, const WT* w, int64_t 
   // (S * nbv rows x kb of W), which comes from DRAM once and from L2 for later x tiles.
   // k-blocks start at multiples of kAlign (the kernel's k step) and split K evenly.
   const int64_t kb_max = std::max<int64_t>(kAlign, (kXTileFloats / mt) / kAlign * kAlign);
-  const int64_t k_blocks = passes == 1 ? 1 : (K + kb_max - 1) / kb_max;
+  // One sweep with a long K (a down projection): x's rows spill L1 and each W tile reloaded
+  // them from L2. Kind::single_kb > 0 cuts K in blocks of <= single_kb whatever M is (so a
+  // row's sums never depend on M).
+  const int64_t single_kb = Kind::single_kb;
+  const int64_t k_blocks = passes == 1
+      ? (single_kb > 0 && K > 2 * single_kb ? (K + single_kb - 1) / single_kb : 1)
+      : (K + kb_max - 1) / kb_max;
   const int64_t kb = k_blocks == 1 ? K
                                    : ((K + k_blocks - 1) / k_blocks + kAlign - 1) / kAlign * kAlign;
   const int64_t unit_fmas = unit * K * std::max<int64_t>(M, 4);
@@ -387,7 +395,7 @@ void run(const typename Kind::XT* x, int64_t M, int64_t K, const WT* w, int64_t 
               // 896 x 4864 bf16 at 4 rows took about the sum of its FMA time and its DRAM
               // time (0.48 ms vs 0.22 + 0.31), not the larger of them.
               const int64_t ahead = passes > 1 ? nbv : std::max<int64_t>(
-                  1, Kind::prefetch_bytes / (K * int64_t(sizeof(WT))));
+                  1, Kind::prefetch_bytes / (kc * int64_t(sizeof(WT))));
               const bool fetch = (passes > 1 ? t % passes == pass : mt >= Kind::prefetch_rows) &&
                                  i + ahead < q && row + ahead + (ntile - 1) * q < n1;
               const WT* pf = fetch ? w + (row + ahead) * K + k0 : nullptr;
