@@ -12,6 +12,7 @@ import torch
 from sglang.srt.sampling.sampler import (
     apply_logit_adjustments,
     draw_from_probs,
+    greedy_ids,
     logits_to_probs,
     sample,
     token_logprob,
@@ -309,3 +310,20 @@ def test_top_logprobs_best_first_and_token_logprob():
     assert isinstance(best[0][0], float) and isinstance(best[0][1], int)
     assert top_logprobs(row, 0) == [] and len(top_logprobs(row, 10)) == 4
     assert token_logprob(row, 2) == pytest.approx(float(row[2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_ids_is_torch_argmax(dtype: torch.dtype) -> None:
+    """The blocked argmax picks torch.argmax's index on every row: ties (the first one), NaNs
+    (the first, counted as the maximum), all -inf, a vocab with a short last block, and one
+    below the blocked path's size."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        vocab = int(torch.randint(2 * 256, 6000, (1,), generator=g)) if trial else 151936
+        rows = int(torch.randint(1, 12, (1,), generator=g))
+        x = torch.randint(-3, 3, (rows, vocab), generator=g).to(dtype)  # many ties
+        if trial % 3 == 0:
+            x[torch.rand(rows, vocab, generator=g) < 0.001] = float("nan")
+        if trial % 5 == 0:
+            x[0] = float("-inf")
+        assert torch.equal(greedy_ids(x), torch.argmax(x, dim=-1)), f"trial {trial} V={vocab}"

@@ -98,12 +98,15 @@ class OutputProcessor:
                 self._record_output_logprob(req, out.logprobs[i], tok)
             self.check_finished(req)
 
-    def append_verified(self, req: Req, tokens: List[int], logits: torch.Tensor) -> int:
+    def append_verified(self, req: Req, tokens: List[int],
+                        logits: Optional[torch.Tensor]) -> int:
         """Append a verified run token by token, stopping at the first finish condition
-        (EOS, stop string, max_new_tokens inside the run). logits[j] predicted tokens[j].
-        Returns how many tokens were appended."""
+        (EOS, stop string, max_new_tokens inside the run). logits[j] predicted tokens[j]
+        (needed only when the request returns logprobs). Returns how many tokens were
+        appended."""
         logprobs = None
         if req.return_logprob:
+            assert logits is not None, "a request returning logprobs needs its path's logits"
             info = SamplingBatchInfo.from_reqs([req], self.vocab_size).expand_rows([len(tokens)])
             adjusted = apply_logit_adjustments(logits[: len(tokens)].float(), info)
             logprobs = adjusted_logprobs(adjusted, info)

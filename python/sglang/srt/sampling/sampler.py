@@ -26,6 +26,29 @@ class SampleOutput:
     logprobs: Optional[torch.Tensor] = None
 
 
+# Vocab block of greedy_ids: torch's argmax over a row is a scalar loop (1.3 ms for 10 rows of
+# a 152K vocab on 2 cores, a tenth of a verify's non-kernel time) while amax is vectorised.
+_ARGMAX_BLOCK = 256
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(logits, dim=-1) for [bs, vocab], the same index (the first maximum; a NaN
+    counts as the maximum): the first block of _ARGMAX_BLOCK logits holding the row's max,
+    found by a blocked amax, then the argmax inside that block."""
+    bs, vocab = logits.shape
+    c = _ARGMAX_BLOCK
+    if vocab <= 4 * c or not logits.is_cpu:
+        return torch.argmax(logits, dim=-1)
+    nb = vocab // c
+    block_max = logits[:, :nb * c].reshape(bs, nb, c).amax(dim=-1)  # [bs, nb]
+    if nb * c < vocab:
+        block_max = torch.cat([block_max, logits[:, nb * c:].amax(dim=-1, keepdim=True)], 1)
+    start = torch.argmax(block_max, dim=-1) * c  # [bs]: the first block with the max
+    # the last block may be short: its clamped copies of the last logit come after it
+    cols = (start.unsqueeze(1) + torch.arange(c)).clamp_(max=vocab - 1)
+    return start + torch.argmax(logits.gather(1, cols), dim=-1)
+
+
 def apply_logit_adjustments(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """Penalties, logit_bias, min_new_tokens and the grammar mask. Returns a float32 tensor
     [bs, vocab]; the input is never modified."""
@@ -141,7 +164,7 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo,
     """Next token per row of `logits` [bs, vocab]. Greedy rows: argmax of the adjusted logits
     (no RNG consumed). Other rows: a draw from `logits_to_probs`."""
     adjusted = apply_logit_adjustments(logits, info)  # [bs, vocab] f32
-    next_ids = torch.argmax(adjusted, dim=-1)  # [bs]
+    next_ids = greedy_ids(adjusted)  # [bs]
     if not info.is_all_greedy:
         probs = logits_to_probs(adjusted, info)
         sampled_rows = torch.nonzero(~info.is_greedy).flatten()

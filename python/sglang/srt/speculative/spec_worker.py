@@ -24,7 +24,7 @@ from sglang.srt.speculative.drafters import build_drafter
 from sglang.srt.speculative.grammar_verify import verify_with_grammar
 from sglang.srt.speculative.tree import DraftTree
 from sglang.srt.speculative.verify import VerifyResult, verify_greedy, verify_sampling
-from sglang.srt.sampling.sampler import apply_logit_adjustments, logits_to_probs
+from sglang.srt.sampling.sampler import apply_logit_adjustments, greedy_ids, logits_to_probs
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 logger = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class SpecWorker:
         if req.grammar is not None:
             result = verify_with_grammar(req, tree, adjusted, info, self.grammar_backend)
         elif req.sampling_params.is_greedy:
-            result = verify_greedy(tree, adjusted.argmax(dim=-1).tolist())
+            result = verify_greedy(tree, greedy_ids(adjusted).tolist())
         else:
             result = verify_sampling(tree, logits_to_probs(adjusted, info), req.generator)
         self.drafter.on_verified(req, result.path)
