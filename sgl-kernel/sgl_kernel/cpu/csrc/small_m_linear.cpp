@@ -159,7 +159,7 @@ void tile_wide(const float* __restrict x, int64_t ldx, const WT* __restrict w, i
 template <int MT, int NT, typename WT>
 void tile(const float* __restrict x, int64_t ldx, const WT* __restrict w, int64_t ldw,
           int64_t kc, float* __restrict y, int64_t ldy, int64_t ldyn, bool accumulate,
-          const WT* pf) {
+          const WT* pf, int64_t /*red: the AVX2 kind never k-blocks one sweep*/) {
   if constexpr (MT <= 4) {
     tile_reg<MT, NT, WT>(x, ldx, w, ldw, kc, y, ldy, ldyn, accumulate, pf);
   } else {
@@ -191,7 +191,7 @@ inline __m512bh load_bh(const bf16* p, __mmask32 mask) {  // masked-off lanes re
 template <int MT, int NT>
 void tile_dp(const bf16* __restrict x, int64_t ldx, const bf16* __restrict w, int64_t ldw,
              int64_t kc, float* __restrict y, int64_t ldy, int64_t ldyn, bool accumulate,
-             const bf16* pf) {
+             const bf16* pf, int64_t red) {
   __m512 acc[MT][NT];
 #pragma GCC unroll 16
   for (int m = 0; m < MT; ++m)
@@ -211,8 +211,23 @@ void tile_dp(const bf16* __restrict x, int64_t ldx, const bf16* __restrict w, in
       for (int m = 0; m < MT; ++m) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv[m], wv);
     }
   };
+  // red > 0: each output is summed as the k-blocked sweep sums it (a float per red-wide
+  // block, added in order), so one row streaming whole W rows gets a verify row's bits
+  float part[MT][NT];
+  bool parted = false;
   int64_t k = 0;
   for (; k + 32 <= kc; k += 32) {
+    if (red > 0 && k > 0 && k % red == 0) {
+#pragma GCC unroll 16
+      for (int m = 0; m < MT; ++m)
+#pragma GCC unroll 16
+        for (int n = 0; n < NT; ++n) {
+          const float r = _mm512_reduce_add_ps(acc[m][n]);
+          part[m][n] = parted ? part[m][n] + r : r;
+          acc[m][n] = _mm512_setzero_ps();
+        }
+      parted = true;
+    }
     if (pf != nullptr) {  // 32 bf16 = one 64-byte line per W row and step, into L2
 #pragma GCC unroll 16
       for (int n = 0; n < NT; ++n)
@@ -226,7 +241,8 @@ void tile_dp(const bf16* __restrict x, int64_t ldx, const bf16* __restrict w, in
   }
   for (int m = 0; m < MT; ++m) {
     for (int n = 0; n < NT; ++n) {
-      const float s = _mm512_reduce_add_ps(acc[m][n]);
+      const float r = _mm512_reduce_add_ps(acc[m][n]);
+      const float s = parted ? part[m][n] + r : r;
       float& out = y[m * ldy + n * ldyn];
       out = accumulate ? out + s : s;
     }
@@ -247,7 +263,7 @@ constexpr int kNtForDp[kMaxMTDp + 1] = {0, 8, 6, 4, 4, 4, 3, 3, 2, 2, 2};
 
 template <typename XT, typename WT>
 using TileFn = void (*)(const XT*, int64_t, const WT*, int64_t, int64_t, float*, int64_t,
-                        int64_t, bool, const WT*);
+                        int64_t, bool, const WT*, int64_t);
 
 // The two inner kernels: x packed to fp32 (AVX2), or bf16 x with bf16 W (AVX512-BF16).
 template <typename WT>
@@ -358,15 +374,19 @@ void run(const typename Kind::XT* x, int64_t M, int64_t K, const WT* w, int64_t 
   // (S * nbv rows x kb of W), which comes from DRAM once and from L2 for later x tiles.
   // k-blocks start at multiples of kAlign (the kernel's k step) and split K evenly.
   const int64_t kb_max = std::max<int64_t>(kAlign, (kXTileFloats / mt) / kAlign * kAlign);
+  auto even_blocks = [&](int64_t nb) {  // width of nb blocks splitting K evenly
+    return nb == 1 ? K : ((K + nb - 1) / nb + kAlign - 1) / kAlign * kAlign;
+  };
   // One sweep with a long K (a down projection): x's rows spill L1 and each W tile reloaded
-  // them from L2. Kind::single_kb > 0 cuts K in blocks of <= single_kb whatever M is (so a
-  // row's sums never depend on M).
+  // them from L2, so several rows take k-blocks of <= Kind::single_kb (x's block in L1). One
+  // row streams whole W rows (blocks made its W streams choppy: 896 x 4864 0.29 -> 0.37 ms)
+  // and reduces its sums over the same blocks inside the tile (red): the same bits either way.
   const int64_t single_kb = Kind::single_kb;
-  const int64_t k_blocks = passes == 1
-      ? (single_kb > 0 && K > 2 * single_kb ? (K + single_kb - 1) / single_kb : 1)
-      : (K + kb_max - 1) / kb_max;
-  const int64_t kb = k_blocks == 1 ? K
-                                   : ((K + k_blocks - 1) / k_blocks + kAlign - 1) / kAlign * kAlign;
+  const int64_t single_blocks =
+      passes == 1 && single_kb > 0 && K > 2 * single_kb ? (K + single_kb - 1) / single_kb : 1;
+  const int64_t red = single_blocks > 1 && M == 1 ? even_blocks(single_blocks) : 0;
+  const int64_t k_blocks = passes > 1 ? (K + kb_max - 1) / kb_max : (red ? 1 : single_blocks);
+  const int64_t kb = even_blocks(k_blocks);
   const int64_t unit_fmas = unit * K * std::max<int64_t>(M, 4);
   const int64_t grain = std::max<int64_t>(1, kMinFmaPerThread / unit_fmas);
   at::parallel_for(0, (N + unit - 1) / unit, grain, [&](int64_t u0, int64_t u1) {
@@ -400,7 +420,7 @@ void run(const typename Kind::XT* x, int64_t M, int64_t K, const WT* w, int64_t 
                                  i + ahead < q && row + ahead + (ntile - 1) * q < n1;
               const WT* pf = fetch ? w + (row + ahead) * K + k0 : nullptr;
               tiles.rows[mtile][ntile](x + m * K + k0, K, w + row * K + k0, q * K, kc,
-                                       acc + m * N + row, N, q, k0 > 0, pf);
+                                       acc + m * N + row, N, q, k0 > 0, pf, red);
             }
           }
         }
