@@ -13,7 +13,7 @@
 // W is read as a few long contiguous streams (see run()). Accumulation is fp32; bf16 W is
 // widened by 16-bit shifts (bf16 is the top half of an fp32). Threads (torch's OpenMP pool:
 // torch.get_num_threads()) own contiguous ranges of N; each output has one summation order
-// whatever the thread count.
+// whatever the thread count. The inner tiles: small_m_tiles_avx2.h, small_m_tile_dp.h.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -28,13 +28,13 @@
 #include <utility>
 
 #include "ops.h"
+#include "small_m_tile_dp.h"
+#include "small_m_tiles_avx2.h"
 #include "vec.h"
 
 namespace {
 
-using bf16 = at::BFloat16;
-using sgl_cpu::vec::hsum;
-using sgl_cpu::vec::to_f32;
+using namespace sgl_cpu::small_m;  // the inner tiles
 
 // Cache budgets (measured on Zen 3, 32 KiB L1d and 512 KiB L2 per core): fp32 elements of
 // one x tile's k-block, and bytes of one n-block of W.
@@ -43,212 +43,6 @@ constexpr int64_t kWBlockBytes = 96 * 1024;
 // Below this much work per thread (in FMAs, a weight counting as >= 4 since streaming it
 // costs about that), waking another thread costs more than it saves.
 constexpr int64_t kMinFmaPerThread = 1 << 18;
-
-// y[m * ldy + n * ldyn] (+)= sum_{k < kc} x[m * ldx + k] * w[n * ldw + k] for an MT x NT
-// tile; x rows are in registers (MT), W vectors are widened one at a time, MT * NT
-// accumulators: <= 16 ymm registers.
-//
-// bf16 W: one 256-bit load holds 16 weights; lane j has w[2j] in its low half and w[2j+1]
-// in its high half, so `<< 16` gives the even weights and `& 0xffff0000` the odd ones as
-// fp32. x is packed to match (per 16-block: 8 even k, then 8 odd k; see pack_x), so no
-// shuffle is needed. fp32 W: 8-wide steps, x packed plainly.
-//
-// pf (may be null): NT rows laid out like w, to prefetch into cache while this tile computes,
-// so that DRAM streaming overlaps the FMAs of the tile before it is needed.
-template <int MT, int NT, typename WT>
-void tile_reg(const float* __restrict x, int64_t ldx, const WT* __restrict w, int64_t ldw,
-          int64_t kc, float* __restrict y, int64_t ldy, int64_t ldyn, bool accumulate,
-          const WT* pf) {
-  constexpr bool kBf16 = std::is_same<WT, bf16>::value;
-  constexpr int kStep = kBf16 ? 16 : 8;
-  __m256 acc[MT][NT];
-#pragma GCC unroll 8
-  for (int m = 0; m < MT; ++m)
-#pragma GCC unroll 8
-    for (int n = 0; n < NT; ++n) acc[m][n] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + kStep <= kc; k += kStep) {
-    if (pf != nullptr && (k * sizeof(WT)) % 64 == 0) {
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + n * ldw + k), _MM_HINT_T0);
-    }
-#pragma GCC unroll 2
-    for (int half = 0; half < kStep / 8; ++half) {
-      __m256 xv[MT];
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) {
-        xv[m] = _mm256_loadu_ps(x + m * ldx + k + 8 * half);
-        // Keep x in a register: folded into each FMA it would be loaded NT times, and the
-        // two load ports, not the FMA units, would bound the loop.
-        asm("" : "+x"(xv[m]));
-      }
-#pragma GCC unroll 8
-      for (int n = 0; n < NT; ++n) {
-        __m256 wv;
-        if constexpr (kBf16) {
-          __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + n * ldw + k));
-          wv = half == 0 ? _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16))
-                         : _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(-65536)));
-        } else {
-          wv = _mm256_loadu_ps(w + n * ldw + k);
-          asm("" : "+x"(wv));  // load once, not once per FMA (as for x above)
-        }
-#pragma GCC unroll 8
-        for (int m = 0; m < MT; ++m) acc[m][n] = _mm256_fmadd_ps(xv[m], wv, acc[m][n]);
-      }
-    }
-  }
-  for (int m = 0; m < MT; ++m) {
-    for (int n = 0; n < NT; ++n) {
-      float s = hsum(acc[m][n]);
-      for (int64_t kk = k; kk < kc; ++kk) s += x[m * ldx + kk] * to_f32(w[n * ldw + kk]);
-      float& out = y[m * ldy + n * ldyn];
-      out = accumulate ? out + s : s;
-    }
-  }
-}
-
-// Tiles of 5-6 x rows (one W row, NT = 1): x comes from L1 as an FMA memory operand, so the
-// accumulators fit the 16 ymm registers, with separate even/odd accumulators (2 * MT
-// independent FMA chains). 5-6 rows used to take two passes (a 4-row tile, then the rest) at
-// ~2x a 4-row call; one pass of these: 1536 x 17920 bf16 at 5 rows 5.8 -> 3.9 ms (a verify of
-// a 4-step chain). From 7 rows the FMA units bound both schemes and 4-row passes win.
-template <int MT, typename WT>
-void tile_wide(const float* __restrict x, int64_t ldx, const WT* __restrict w, int64_t kc,
-               float* __restrict y, int64_t ldy, bool accumulate, const WT* pf) {
-  constexpr bool kBf16 = std::is_same<WT, bf16>::value;
-  constexpr int kStep = kBf16 ? 16 : 8;
-  constexpr int kHalves = (kBf16 && MT <= 6) ? 2 : 1;  // accumulator sets
-  __m256 acc[kHalves][MT];
-#pragma GCC unroll 8
-  for (int h = 0; h < kHalves; ++h)
-#pragma GCC unroll 8
-    for (int m = 0; m < MT; ++m) acc[h][m] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + kStep <= kc; k += kStep) {
-    if (pf != nullptr && (k * sizeof(WT)) % 64 == 0)
-      _mm_prefetch(reinterpret_cast<const char*>(pf + k), _MM_HINT_T0);
-    if constexpr (kBf16) {
-      __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k));
-      __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
-      __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(-65536)));
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m) {
-        acc[0][m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k), we, acc[0][m]);
-        acc[kHalves - 1][m] =
-            _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k + 8), wo, acc[kHalves - 1][m]);
-      }
-    } else {
-      __m256 wv = _mm256_loadu_ps(w + k);
-#pragma GCC unroll 8
-      for (int m = 0; m < MT; ++m)
-        acc[0][m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k), wv, acc[0][m]);
-    }
-  }
-  for (int m = 0; m < MT; ++m) {
-    __m256 a = acc[0][m];
-    if constexpr (kHalves == 2) a = _mm256_add_ps(a, acc[1][m]);
-    float s = hsum(a);
-    for (int64_t kk = k; kk < kc; ++kk) s += x[m * ldx + kk] * to_f32(w[kk]);
-    float& out = y[m * ldy];
-    out = accumulate ? out + s : s;
-  }
-}
-
-template <int MT, int NT, typename WT>
-void tile(const float* __restrict x, int64_t ldx, const WT* __restrict w, int64_t ldw,
-          int64_t kc, float* __restrict y, int64_t ldy, int64_t ldyn, bool accumulate,
-          const WT* pf, int64_t /*red: the AVX2 kind never k-blocks one sweep*/) {
-  if constexpr (MT <= 4) {
-    tile_reg<MT, NT, WT>(x, ldx, w, ldw, kc, y, ldy, ldyn, accumulate, pf);
-  } else {
-    static_assert(NT == 1, "tiles of more than 4 rows take one W row");
-    tile_wide<MT, WT>(x, ldx, w, kc, y, ldy, accumulate, pf);
-  }
-}
-
-// Compiled for a CPU with AVX512-BF16 (-march=native there): the VDPBF16PS kernel exists.
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-#define SGL_CPU_DP 1
-#endif
-
-#ifdef SGL_CPU_DP
-
-inline __m512bh load_bh(const bf16* p) {
-  return (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(p));
-}
-
-inline __m512bh load_bh(const bf16* p, __mmask32 mask) {  // masked-off lanes read as 0
-  return (__m512bh)_mm512_maskz_loadu_epi16(mask, reinterpret_cast<const void*>(p));
-}
-
-// The AVX512-BF16 tile: bf16 x rows (no packing: VDPBF16PS pairs k and k+1 in both operands
-// alike) times NT bf16 W rows, 32 k per step; lane j of an accumulator sums the products of
-// k = 32s + 2j and 32s + 2j + 1 (the odd one first, then the even one, each rounded to
-// fp32, as the instruction defines), then one fixed reduction of the 16 lanes. A row's sums
-// depend only on its x row, W and kc: never on MT, NT or the other rows.
-template <int MT, int NT>
-void tile_dp(const bf16* __restrict x, int64_t ldx, const bf16* __restrict w, int64_t ldw,
-             int64_t kc, float* __restrict y, int64_t ldy, int64_t ldyn, bool accumulate,
-             const bf16* pf, int64_t red) {
-  __m512 acc[MT][NT];
-#pragma GCC unroll 16
-  for (int m = 0; m < MT; ++m)
-#pragma GCC unroll 16
-    for (int n = 0; n < NT; ++n) acc[m][n] = _mm512_setzero_ps();
-  auto step = [&](int64_t k, auto load) {
-    __m512bh xv[MT];
-#pragma GCC unroll 16
-    for (int m = 0; m < MT; ++m) {
-      xv[m] = load(x + m * ldx + k);
-      asm("" : "+v"(xv[m]));  // in a register: folded into each VDPBF16PS it loads NT times
-    }
-#pragma GCC unroll 16
-    for (int n = 0; n < NT; ++n) {
-      __m512bh wv = load(w + n * ldw + k);
-#pragma GCC unroll 16
-      for (int m = 0; m < MT; ++m) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv[m], wv);
-    }
-  };
-  // red > 0: each output is summed as the k-blocked sweep sums it (a float per red-wide
-  // block, added in order), so one row streaming whole W rows gets a verify row's bits
-  float part[MT][NT];
-  bool parted = false;
-  int64_t k = 0;
-  for (; k + 32 <= kc; k += 32) {
-    if (red > 0 && k > 0 && k % red == 0) {
-#pragma GCC unroll 16
-      for (int m = 0; m < MT; ++m)
-#pragma GCC unroll 16
-        for (int n = 0; n < NT; ++n) {
-          const float r = _mm512_reduce_add_ps(acc[m][n]);
-          part[m][n] = parted ? part[m][n] + r : r;
-          acc[m][n] = _mm512_setzero_ps();
-        }
-      parted = true;
-    }
-    if (pf != nullptr) {  // 32 bf16 = one 64-byte line per W row and step, into L2
-#pragma GCC unroll 16
-      for (int n = 0; n < NT; ++n)
-        _mm_prefetch(reinterpret_cast<const char*>(pf + n * ldw + k), _MM_HINT_T1);
-    }
-    step(k, [](const bf16* p) { return load_bh(p); });
-  }
-  if (k < kc) {
-    const __mmask32 mask = (__mmask32(1) << (kc - k)) - 1;
-    step(k, [mask](const bf16* p) { return load_bh(p, mask); });
-  }
-  for (int m = 0; m < MT; ++m) {
-    for (int n = 0; n < NT; ++n) {
-      const float r = _mm512_reduce_add_ps(acc[m][n]);
-      const float s = parted ? part[m][n] + r : r;
-      float& out = y[m * ldy + n * ldyn];
-      out = accumulate ? out + s : s;
-    }
-  }
-}
-#endif  // SGL_CPU_DP
 
 constexpr int kMaxMT = 6;   // rows of x one AVX2 sweep over W takes
 constexpr int kMaxMTDp = 10;  // ... and one AVX512-BF16 sweep
