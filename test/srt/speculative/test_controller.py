@@ -139,7 +139,8 @@ def test_cost_model_skips_budgets_that_cannot_win():
         cm.observe(1, b, cost[b])
     assert seen[: cm.min_samples + 1] == [1] * cm.min_samples + [2]
     assert 4 not in seen and 5 not in seen  # 1.4 tokens / >= 30 ms cannot beat 1 / 10 ms
-    assert set(seen[cm.min_samples + 1:]) == {1}
+    # plain from then on but for one re-measure of budget 2 after explore_first steps
+    assert seen[cm.min_samples + 1:].count(2) == 1 and set(seen[cm.min_samples + 1:]) == {1, 2}
     # When acceptance rises, the bigger budgets may win again: they get measured.
     assert cm.choose([0.99], depth) == 4
 
@@ -308,6 +309,37 @@ def test_cost_model_sees_through_steps_slowed_by_a_busy_machine():
         cm.observe(16, 1, 1.0)
     assert cm.times[(16, 1)] == 1.0
     assert cm.choose([0.6] * 16, depth) == 2
+
+
+def test_cost_model_soon_remeasures_a_budget_one_slow_sample_ruled_out():
+    """A quoting request (acceptance 0.9) whose first verify ran while the host was busy
+    (5x its real cost): plain wins on that one sample, but the budget is measured again
+    after `explore_first` steps, not `explore_every`, and then wins on its real cost. A
+    budget that keeps losing is re-measured ever more rarely (the waits double)."""
+    cm = CostModel([1, 10])
+    depth = lambda b: b - 1
+    real = {1: 0.10, 10: 0.19}  # 10 rows cost 1.9 plain steps; 0.9 acceptance: ~6.5 tokens
+    seen = []
+    for step in range(cm.explore_first + 6):
+        b = cm.choose([0.9], depth)
+        seen.append(b)
+        slow = b == 10 and seen.count(10) == 1  # the first verify: the host was busy
+        cm.observe(1, b, 1.0 if slow else real[b])
+    first = seen.index(10)
+    again = seen.index(10, first + 1)
+    assert again - first <= cm.explore_first + 1 < cm.explore_every
+    assert seen[again:] == [10] * (len(seen) - again)  # now it wins on its real cost
+    # A budget that really loses: measured at waits that double, up to explore_every.
+    cm = CostModel([1, 10])
+    seen = []
+    for _ in range(400):
+        b = cm.choose([0.3], depth)
+        seen.append(b)
+        cm.observe(1, b, {1: 0.10, 10: 0.40}[b])
+    at = [i for i, b in enumerate(seen) if b == 10]
+    gaps = [y - x for x, y in zip(at, at[1:])]
+    assert len(at) <= 6 and gaps == sorted(gaps) and gaps[0] <= cm.explore_first + 1
+    assert seen.count(1) >= 394  # speculation that loses costs a handful of steps in 400
 
 
 def test_cost_model_weighs_a_catch_up_against_what_it_saves():

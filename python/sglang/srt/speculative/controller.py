@@ -199,7 +199,7 @@ class CostModel:
     tokens per second. Budget 1 means plain decoding (the root only)."""
 
     def __init__(self, budgets: Sequence[int], window: int = 8, explore_every: int = 200,
-                 min_samples: int = 2, spec_samples: int = 1) -> None:
+                 min_samples: int = 2, spec_samples: int = 1, explore_first: int = 16) -> None:
         self.budgets = sorted(set(b for b in budgets if b >= 1) | {1})
         # An option's step time is the fastest of its last `window` samples: noise on a
         # shared host only ever adds time, and the recent minimum still follows a context
@@ -215,6 +215,10 @@ class CostModel:
         # a sample too slow only delays speculation until the periodic re-measure
         # (docs/decisions.md).
         self.spec_samples = spec_samples
+        # ... and re-measured after explore_first steps, then twice as long after each sample
+        # up to explore_every: one sample slowed by a busy host had kept a quoting request
+        # (4x plain when speculating) off speculation for 200 steps, its whole answer.
+        self.explore_first = explore_first
         self.counts: Dict[Tuple[int, int], int] = {}
         self.samples: Dict[Tuple[int, int], WindowedMin] = {}
         self.times: Dict[Tuple[int, int], float] = {}  # samples[key].value
@@ -397,10 +401,19 @@ class CostModel:
         # recently among those that may still win.
         open_ = [b for b in self.budgets if b == best or (
             self._measured(bs, b) and self._bound(bs, b, rates, depth_of) > best_speed)]
-        stale = min(open_, key=lambda b: self.last_seen[(bs, b)])
-        if self.step - self.last_seen[(bs, stale)] > self.explore_every:
-            return stale
+        due = [b for b in open_ if self.step - self.last_seen[(bs, b)] > self._wait(bs, b)]
+        if due:
+            return min(due, key=lambda b: self.last_seen[(bs, b)])
         return best
+
+    def _wait(self, bs: int, budget: int) -> int:
+        """Steps before an option not chosen is measured again: explore_every, sooner for a
+        speculative budget with few samples (a windowed minimum of many shrugs off a slow
+        one; a single slow sample is all a rarely measured option has)."""
+        if budget <= 1:
+            return self.explore_every
+        n = self.counts.get((bs, budget), 1)
+        return min(self.explore_every, self.explore_first << min(n - 1, 16))
 
 
 class StepTimer:
