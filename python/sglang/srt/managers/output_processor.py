@@ -85,11 +85,12 @@ class OutputProcessor:
 
     # ------------------------------------------------------------------ sampling
     def sample_and_append(self, reqs: List[Req], logits: torch.Tensor) -> None:
-        info = SamplingBatchInfo.from_reqs(reqs, self.vocab_size)
+        info = SamplingBatchInfo.from_reqs(reqs, self.vocab_size, device=logits.device)
         if any(r.grammar is not None for r in reqs):
-            info.vocab_mask = self.grammar_backend.forbidden_mask([r.grammar for r in reqs])
+            info.vocab_mask = self.grammar_backend.forbidden_mask(
+                [r.grammar for r in reqs]).to(logits.device)
         out = sample(logits, info, return_logprobs=any(r.return_logprob for r in reqs))
-        next_ids = out.next_token_ids.tolist()
+        next_ids = out.next_token_ids.tolist()  # the step's one device-to-host copy of tokens
         for i, (req, tok) in enumerate(zip(reqs, next_ids)):
             req.output_ids.append(tok)
             if req.grammar is not None:
@@ -107,7 +108,8 @@ class OutputProcessor:
         logprobs = None
         if req.return_logprob:
             assert logits is not None, "a request returning logprobs needs its path's logits"
-            info = SamplingBatchInfo.from_reqs([req], self.vocab_size).expand_rows([len(tokens)])
+            info = SamplingBatchInfo.from_reqs([req], self.vocab_size, device=logits.device
+                                               ).expand_rows([len(tokens)])
             adjusted = apply_logit_adjustments(logits[: len(tokens)].float(), info)
             logprobs = adjusted_logprobs(adjusted, info)
         for j, tok in enumerate(tokens):

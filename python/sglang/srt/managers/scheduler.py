@@ -62,7 +62,8 @@ class Scheduler(SchedulerStateMixin):
                                    target_params=_num_params(self.runner.model),
                                    grammar_backend=self.grammar_backend)
         tree_room = self.spec.max_tree_nodes if self.spec else 0
-        self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + tree_room + 8)
+        self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + tree_room + 8,
+                                                device=self.runner.device)
         # One tree for both models: nodes carry draft slots beside target slots.
         self.tree_cache = create_prefix_cache(
             server_args.disable_radix_cache, self.allocator,
@@ -356,7 +357,7 @@ class Scheduler(SchedulerStateMixin):
         tree_slots = row[req.kv_len : req.kv_len + len(tree)].clone()
         keep = result.path[:emitted]  # the root plus every accepted node still in the output
         row[req.kv_len : req.kv_len + len(keep)] = tree_slots[keep]
-        dropped = torch.ones(len(tree), dtype=torch.bool)
+        dropped = torch.ones(len(tree), dtype=torch.bool, device=tree_slots.device)
         dropped[keep] = False
         self.allocator.free(tree_slots[dropped])
         req.kv_len += len(keep)

@@ -47,6 +47,7 @@ class ForwardBatch:
     # Python mirrors of the small per-request tensors (the CPU path loops over requests).
     seq_lens_cpu: List[int] = dataclasses.field(default_factory=list)
     extend_seq_lens_cpu: List[int] = dataclasses.field(default_factory=list)
+    req_pool_indices_cpu: List[int] = dataclasses.field(default_factory=list)
     # Rows (into the flattened new tokens) whose logits are wanted; None = last token of
     # each request (EXTEND) or every token (DECODE, TARGET_VERIFY).
     logits_indices: Optional[torch.Tensor] = None
@@ -58,6 +59,11 @@ class ForwardBatch:
     # Draft forwards for expert prefetch: called with (layer id, residual stream [T, H]) at
     # every layer's MLP input (what a target's router reads); None = nobody listens.
     residual_hook: Optional[Callable[[int, torch.Tensor], None]] = None
+
+    def pool_rows(self) -> List[int]:
+        """req_to_token rows as Python ints: the host mirror when the builder filled it (no
+        device-to-host copy on a GPU), else read from the tensor."""
+        return self.req_pool_indices_cpu or self.req_pool_indices.tolist()
 
     @property
     def prefix_lens_cpu(self) -> List[int]:

@@ -215,7 +215,8 @@ class SpecWorker:
     # ------------------------------------------------------------------ verify
     def verify(self, req, tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
         """logits: [len(tree), vocab] target logits at every tree node."""
-        info = SamplingBatchInfo.from_reqs([req], self.vocab_size).expand_rows([len(tree)])
+        info = SamplingBatchInfo.from_reqs([req], self.vocab_size, device=logits.device
+                                           ).expand_rows([len(tree)])
         adjusted = apply_logit_adjustments(logits.float(), info)
         if req.grammar is not None:
             result = verify_with_grammar(req, tree, adjusted, info, self.grammar_backend)

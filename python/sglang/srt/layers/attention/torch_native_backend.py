@@ -1,4 +1,7 @@
-"""torch_native: the reference attention backend (CPU), one SDPA call per request.
+"""torch_native: the reference attention backend, one SDPA call per request.
+
+Written for the CPU (kernel paths, KV read in place as views or runs); on any other device
+it takes only the device-agnostic path (gather + SDPA) and makes nothing on the host.
 
 Request i's queries sit at positions prefix_i .. seq_len_i - 1; its keys are the KV slots
 listed by `kv_indices[i]` or the first seq_len_i entries of its req_to_token row. The mask
@@ -31,7 +34,7 @@ def _as_slice(idx: torch.Tensor):
     slots are allocated together), so the per-layer KV read is a view, not a gather copy
     (same output; docs/decisions.md)."""
     n = int(idx.numel())
-    if n == 0 or idx.dim() != 1:
+    if n == 0 or idx.dim() != 1 or not idx.is_cpu:  # reading the ends would sync a device
         return idx
     first, last = int(idx[0]), int(idx[-1])
     if last - first == n - 1 and (n == 1 or bool((idx[1:] - idx[:-1] == 1).all())):
@@ -68,8 +71,8 @@ _RUNS_MIN_KEYS = 2048
 def _runs(idx) -> Optional[List[slice]]:
     """`idx` (a slot tensor of 2+ runs; one run is already a slice) as at most _MAX_RUNS
     ascending runs, else None (gather)."""
-    if isinstance(idx, slice) or idx.dim() != 1 or idx.numel() < 2:
-        return None
+    if isinstance(idx, slice) or idx.dim() != 1 or idx.numel() < 2 or not idx.is_cpu:
+        return None  # (the runs' merge calls a CPU-only attention op)
     breaks = ((idx[1:] - idx[:-1]) != 1).nonzero().flatten()
     if breaks.numel() + 1 > _MAX_RUNS:
         return None
@@ -137,7 +140,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self._masks: List[Optional[torch.Tensor]] = []
 
     def init_forward_metadata(self, fb: "ForwardBatch") -> None:
-        rows = fb.req_pool_indices.tolist()
+        rows = fb.pool_rows()
         table = fb.req_to_token_pool.req_to_token
         self._kv_idx, self._masks, self._runs, self._kv_tensor = [], [], [], []
         for i, (row, seq_len, ext) in enumerate(zip(rows, fb.seq_lens_cpu, fb.extend_seq_lens_cpu)):
@@ -152,7 +155,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                               and _length(self._kv_idx[-1]) >= _RUNS_MIN_KEYS else None)
             custom = fb.custom_mask[i] if fb.custom_mask is not None else None
             if custom is not None:
-                mask = custom
+                mask = custom.to(idx.device)
             elif ext == 1:
                 mask = None  # a single query attends to the whole prefix
             elif ext == _length(self._kv_idx[-1]):
@@ -161,8 +164,8 @@ class TorchNativeAttnBackend(AttentionBackend):
                 mask = _CAUSAL
             else:
                 kv_len = _length(self._kv_idx[-1])
-                q_pos = torch.arange(kv_len - ext, kv_len).unsqueeze(1)
-                mask = torch.arange(kv_len).unsqueeze(0) <= q_pos  # [ext, kv_len]
+                q_pos = torch.arange(kv_len - ext, kv_len, device=idx.device).unsqueeze(1)
+                mask = torch.arange(kv_len, device=idx.device).unsqueeze(0) <= q_pos
             self._masks.append(mask)
 
     def forward(self, q, k, v, layer: "RadixAttention", fb: "ForwardBatch", save_kv_cache=True):

@@ -99,7 +99,7 @@ class TritonAttnBackend(AttentionBackend):
                 table, fb.req_pool_indices.to(device), kv_indptr, sum(kv_lens),
                 max(kv_lens, default=0))
         else:
-            rows = fb.req_pool_indices.tolist()
+            rows = fb.pool_rows()
             parts = [(o if o is not None else table[r, :s]).to(device, torch.int64)
                      for o, r, s in zip(overrides, rows, seq_lens)]
             kv_indices = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64,
