@@ -154,14 +154,14 @@ def run_isolated(fn, *args, **kwargs):
         return pool.apply(fn, args, kwargs)
 
 
-def vllm_env(threads: Optional[int] = None) -> Dict[str, str]:
+def vllm_env(threads: Optional[int] = None, kv_gb: int = 4) -> Dict[str, str]:
     """Environment for a vLLM CPU subprocess that uses the same cores as our engine.
 
     Without an explicit binding vLLM's CPU worker ran one OpenMP thread on this 2-core machine
     (0.5B bf16 plain decode 7.9 tok/s; bound to both cores it matches the reference's ~22).
     NUMBA_THREADING_LAYER=workqueue: its n-gram proposer otherwise pins the worker to one core."""
     n = threads or os.cpu_count() or 1
-    return {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": "4",
+    return {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "VLLM_CPU_KVCACHE_SPACE": str(kv_gb),
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",  # the last context + new tokens may pass the max
             "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(i) for i in range(n)),
             "OMP_NUM_THREADS": str(n)}

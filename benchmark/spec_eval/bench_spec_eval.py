@@ -8,10 +8,13 @@ then all 12 again; the first round pays the prefills, later rounds hit the prefi
 decode tok/s is timed per engine step that emitted tokens, after the first token, so the
 prefill is never in it. Each configuration's results are kept under
 `benchmark/results/<name>_parts/`; a rerun skips the configurations already there
-(`--fresh` to redo them), so an interrupted run resumes.
+(`--fresh` to redo them), so an interrupted run resumes. With `--groups` the configurations
+of a group are loaded together and decode in turns, round by round (`turns.py`): the VM's
+drift then falls on every configuration of the group alike.
 
     python benchmark/spec_eval/bench_spec_eval.py --vllm-python ~/vllm-env/bin/python
         [--rounds 2] [--new-tokens 64] [--only plain,NGRAM]
+        [--groups "plain,NGRAM,vllm plain,vllm ngram k10 l1-4;HYBRID,STANDALONE"]
 
 Writes benchmark/results/spec_eval.json and .png (decode tok/s over our plain).
 """
@@ -32,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from common import RESULTS, machine_info, plot_bars, save, vllm_env  # noqa: E402
 from spec_eval.step_timing import decode_rate  # noqa: E402
+from spec_eval.turns import Turn, done_turn, ready, wait_turn  # noqa: E402
 
 OURS = {"plain": {}, "NGRAM": {"speculative_algorithm": "NGRAM"},
         "STANDALONE": {"speculative_algorithm": "STANDALONE"},
@@ -61,8 +65,10 @@ def ours_worker(config: str, target: str, draft: str, prompts: List[Dict], round
         kw["speculative_draft_model_path"] = draft
     sched = Scheduler(ServerArgs(model_path=target, dtype="bfloat16", context_length=longest,
                                  max_total_tokens=total, **kw))
+    ready()
     results = []
     for r in range(rounds):
+        wait_turn(r)
         for p in prompts:
             params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
             params.normalize()
@@ -85,33 +91,58 @@ def ours_worker(config: str, target: str, draft: str, prompts: List[Dict], round
                             "weights": meta.get("spec_drafter_weights")})
             print(f"[{config}] round {r + 1} {p['name']}: {rate and round(rate, 2)} tok/s, "
                   f"{len(stamps)} steps, accept {meta.get('spec_accept_length')}", flush=True)
+        done_turn(r)
     sched.flush_cache()
     sched.check_all_free()  # pools and caches all free after the run
     return results
 
 
-def run_config(config: str, args, prompts_file: str, target: str, draft: str, hf_dir: str,
-               tok_dir: str) -> List[Dict]:
-    part = os.path.join(RESULTS, args.name + "_parts", config.replace(" ", "_") + ".json")
-    if os.path.isfile(part) and not args.fresh:
-        print(f"{config}: kept from {part}", flush=True)
-        with open(part) as f:
-            return json.load(f)
-    t0 = time.time()
+def part_file(args, config: str) -> str:
+    return os.path.join(RESULTS, args.name + "_parts", config.replace(" ", "_") + ".json")
+
+
+def worker_cmd(config: str, args, prompts_file: str, target: str, draft: str, hf_dir: str,
+               tok_dir: str):
+    part = part_file(args, config)
     if config in OURS:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", config, "--target", target,
-               "--draft", draft, "--prompts-file", prompts_file, "--out-file", part,
-               "--rounds", str(args.rounds), "--new-tokens", str(args.new_tokens)]
-        env = dict(os.environ)
-    else:
-        cmd = [args.vllm_python, os.path.join(HERE, "vllm_worker.py"), hf_dir, tok_dir,
-               json.dumps(VLLM[config]), prompts_file, str(args.rounds), str(args.new_tokens),
-               part]
-        env = vllm_env()
-    subprocess.run(cmd, env=env, check=True)
-    print(f"{config}: {time.time() - t0:.0f} s", flush=True)
-    with open(part) as f:
-        return json.load(f)
+        return [sys.executable, os.path.abspath(__file__), "--worker", config, "--target",
+                target, "--draft", draft, "--prompts-file", prompts_file, "--out-file", part,
+                "--rounds", str(args.rounds), "--new-tokens", str(args.new_tokens)
+                ], dict(os.environ)
+    return [args.vllm_python, os.path.join(HERE, "vllm_worker.py"), hf_dir, tok_dir,
+            json.dumps(VLLM[config]), prompts_file, str(args.rounds), str(args.new_tokens),
+            part], vllm_env(kv_gb=args.vllm_kv_gb)
+
+
+def run_group(group: List[str], args, *cmd_args) -> Dict[str, List[Dict]]:
+    """The group's configurations load one after another, then decode in turns round by
+    round (`turns.py`); a configuration already kept under the parts folder is read back.
+    A group interrupted mid-way is redone whole (a round's prefix cache lives in its process)."""
+    todo = [c for c in group if args.fresh or not os.path.isfile(part_file(args, c))]
+    for c in group:
+        if c not in todo:
+            print(f"{c}: kept from {part_file(args, c)}", flush=True)
+    turns: List[Turn] = []
+    t0 = time.time()
+    try:
+        for c in todo:
+            turns.append(Turn(c, *worker_cmd(c, args, *cmd_args)))
+            turns[-1].wait_for("@@ready")  # loads one at a time: a load is not timed anyway
+        for r in range(args.rounds):
+            for t in turns:
+                t.go(r)
+        for t in turns:
+            t.finish()
+    finally:
+        for t in turns:
+            t.kill()
+    if todo:
+        print(f"{','.join(todo)}: {time.time() - t0:.0f} s", flush=True)
+    out = {}
+    for c in group:
+        with open(part_file(args, c)) as f:
+            out[c] = json.load(f)
+    return out
 
 
 def agreement(a: List[int], b: List[int]) -> int:
@@ -156,6 +187,11 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--vllm-python", default=None)
     ap.add_argument("--only", default=None, help="comma-separated configurations")
+    ap.add_argument("--groups", default=None,
+                    help="';'-separated groups of ','-separated configurations that decode in "
+                         "turns round by round (each group's processes are alive together: "
+                         "mind the RAM); default: each configuration alone, one after another")
+    ap.add_argument("--vllm-kv-gb", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--fresh", action="store_true", help="redo configurations already kept")
     ap.add_argument("--name", default="spec_eval")
     ap.add_argument("--max-doc-tokens", type=int, default=16384, help="a smaller set (smoke)")
@@ -198,8 +234,17 @@ def main() -> None:
     if args.vllm_python:
         hf_dir = hf_folder_for(target, tokenizer)  # vLLM 0.32 cannot read the GGUF's config
         tok_dir = hf_dir  # it holds the tokenizer too
-    runs = {c: run_config(c, args, prompts_file, target, draft, hf_dir, tok_dir)
-            for c in configs}
+    groups = ([g.split(",") for g in args.groups.split(";")] if args.groups
+              else [[c] for c in configs])
+    unknown = [c for g in groups for c in g if c not in OURS and c not in VLLM]
+    if unknown:
+        sys.exit(f"unknown configurations {unknown}; known: {list(OURS) + list(VLLM)}")
+    runs: Dict[str, List[Dict]] = {}
+    for g in groups:
+        g = [c for c in g if c in configs]
+        if g:
+            runs.update(run_group(g, args, prompts_file, target, draft, hf_dir, tok_dir))
+    configs = [c for c in configs if c in runs]
     if "plain" not in runs:
         return
     table = summarize(prompts, runs)

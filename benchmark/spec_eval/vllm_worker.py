@@ -14,6 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_timing import decode_rate  # noqa: E402
+from turns import done_turn, ready, wait_turn  # noqa: E402
 
 if __name__ == "__main__":  # vLLM's CPU worker re-imports the main module
     model, tok, cfg, prompts_file, rounds, new, out_file = sys.argv[1:8]
@@ -26,8 +27,10 @@ if __name__ == "__main__":  # vLLM's CPU worker re-imports the main module
               speculative_config=spec, enable_prefix_caching=True)
     engine = llm.llm_engine
     params = SamplingParams(max_tokens=int(new), temperature=0.0, ignore_eos=True)
+    ready()
     results = []
     for r in range(int(rounds)):
+        wait_turn(r)
         for p in prompts:
             rid = f"{p['name']}#{r}"
             engine.add_request(rid, {"prompt_token_ids": p["ids"]}, params)
@@ -43,5 +46,6 @@ if __name__ == "__main__":  # vLLM's CPU worker re-imports the main module
                             "steps": len(stamps), "output_ids": ids})
             print(f"[vllm {cfg}] round {r + 1} {p['name']}: "
                   f"{rate and round(rate, 2)} tok/s, {len(stamps)} steps", flush=True)
+        done_turn(r)
     with open(out_file, "w") as f:
         json.dump(results, f)
