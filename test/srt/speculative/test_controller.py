@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from sglang.srt.speculative.controller import (PLAIN, PROBE, SPEC, CostModel, FallbackConfig,
+from sglang.srt.speculative.controller import (PLAIN, PROBE, SPEC, FallbackConfig,
                                                RequestController, expected_tokens)
+from sglang.srt.speculative.cost_model import CostModel
 
 
 def ctl(window=50, threshold=0.5, reprobe=100) -> RequestController:

@@ -28,7 +28,7 @@ def test_buckets_keep_small_batches_and_round_larger_ones_up_to_a_power_of_two()
 
 def test_the_three_users_share_one_bucket() -> None:
     from sglang.srt.expert_offload.gate import bucket
-    from sglang.srt.speculative.controller import CostModel
+    from sglang.srt.speculative.cost_model import CostModel
 
     for n in range(1, 70):
         assert bucket(n) == CostModel._bucket(n) == batch_bucket(n)
@@ -69,7 +69,7 @@ def test_ema_takes_the_first_sample_then_decays_towards_new_ones() -> None:
 
 
 def test_cost_model_step_time_forgets_a_fast_sample_older_than_its_window() -> None:
-    from sglang.srt.speculative.controller import CostModel
+    from sglang.srt.speculative.cost_model import CostModel
 
     cm = CostModel([1, 2], window=3)
     for seconds in (0.1, 0.3, 0.3):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from sglang.srt.speculative.controller import CostModel
+from sglang.srt.speculative.cost_model import CostModel
 
 
 class BudgetPolicy:

@@ -18,8 +18,8 @@ import torch
 
 from sglang.srt.speculative.budget_policy import BudgetPolicy, CostModelBudget
 from sglang.srt.speculative.config import SpecConfig
-from sglang.srt.speculative.controller import (PRIOR_RATE, AcceptanceEMA, CostModel,
-                                               RequestController, StepTimer)
+from sglang.srt.speculative.controller import PRIOR_RATE, AcceptanceEMA, RequestController
+from sglang.srt.speculative.cost_model import CostModel, StepTimer
 from sglang.srt.speculative.drafters import build_drafter
 from sglang.srt.speculative.grammar_verify import verify_with_grammar
 from sglang.srt.speculative.tree import DraftTree

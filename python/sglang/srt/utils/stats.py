@@ -1,4 +1,4 @@
-"""Online statistics shared by the speculation cost model (speculative/controller.py), the
+"""Online statistics shared by the speculation cost model (speculative/cost_model.py), the
 expert prefetch gate (expert_offload/gate.py) and the tree budget (expert_offload/tree_budget.py).
 
 - `batch_bucket` / `bucket_sizes`: the batch sizes step times are kept apart by;
