@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -34,6 +34,41 @@ def free_ram_bytes() -> int:
         return int(psutil.virtual_memory().available)
     except ImportError:  # pragma: no cover
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# Defaults of --mem-fraction-static: on CPU a share of the free RAM for the KV pool (the
+# host runs everything else too); on a GPU, as upstream, the share of the device's memory
+# that weights and KV pool together may take.
+CPU_KV_FRACTION = 0.3
+GPU_STATIC_FRACTION = 0.85
+
+
+def kv_pool_bytes(device: str, fraction: Optional[float], free_bytes: int,
+                  total_bytes: int) -> int:
+    """Bytes the KV pool may take. CPU: `fraction` of the free RAM. CUDA (upstream's rule,
+    measured after the weights are loaded): what is free less the (1 - fraction) of the
+    device's memory kept back for activations, graphs and the allocator; raises when the
+    weights already took it all, naming what to change."""
+    if not str(device).startswith("cuda"):
+        return int(free_bytes * (fraction or CPU_KV_FRACTION))
+    fraction = fraction or GPU_STATIC_FRACTION
+    rest = int(free_bytes - total_bytes * (1 - fraction))
+    if rest <= 0:
+        gib = 1 << 30
+        raise ValueError(
+            f"No GPU memory left for the KV cache: {free_bytes / gib:.1f} GiB free of "
+            f"{total_bytes / gib:.1f} GiB after the weights, and --mem-fraction-static "
+            f"{fraction} keeps {(1 - fraction) * total_bytes / gib:.1f} GiB back. Raise "
+            "--mem-fraction-static, or keep fewer experts on the GPU with "
+            "--moe-expert-cache-slots")
+    return rest
+
+
+def device_memory(device: str) -> Tuple[int, int]:
+    """(free, total) bytes of the device: the GPU's, else the host's RAM (total unused)."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))
+    return free_ram_bytes(), 0
 
 
 class ModelRunner:
@@ -77,8 +112,8 @@ class ModelRunner:
         if self.server_args.max_total_tokens:
             return self.server_args.max_total_tokens
         per_token = kv_bytes_per_token(self.config, self.kv_dtype)
-        fraction = self.server_args.mem_fraction_static or 0.3
-        by_ram = int(free_ram_bytes() * fraction) // per_token
+        by_ram = kv_pool_bytes(self.device, self.server_args.mem_fraction_static,
+                               *device_memory(self.device)) // per_token
         # No use for more slots than every running request filling its context.
         by_need = max_running_requests * self.context_len
         return max(64, min(by_ram, by_need))
