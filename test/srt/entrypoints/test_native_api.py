@@ -206,3 +206,14 @@ def test_info_endpoints(server, tiny_llama_dir):
     assert si["model_path"] == tiny_llama_dir and si["status"] == "ready"
     assert server.get("/health").status_code == 200
     assert server.get("/metrics").status_code == 404  # metrics are off by default
+
+
+def test_a_body_nested_too_deeply_is_400(server):
+    """100,000 nested arrays make the JSON parser recurse past its limit: a 400 that says so
+    (it was a 500), and the server goes on serving."""
+    body = '{"text": ' + "[" * 100000 + "]" * 100000 + "}"
+    resp = requests.post(server.base_url + "/generate", data=body, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert "nested too deeply" in resp.json()["error"]["message"]
+    ok = server.post("/generate", json={"text": "still fine?", "sampling_params": greedy(2)})
+    assert ok.status_code == 200

@@ -204,3 +204,11 @@ def test_openai_client_raises_bad_request(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="m", prompt="x", max_tokens=2, temperature=-3)
     assert "temperature" in str(e.value)
+
+
+def test_openai_body_nested_too_deeply_is_400(server):
+    resp = _post(server, "/v1/chat/completions",
+                 '{"messages": ' + "[" * 100000 + "]" * 100000 + "}")
+    assert resp.status_code == 400, resp.text
+    assert "nested too deeply" in resp.json()["message"]
+    assert _post(server, "/v1/completions", {"prompt": "fine", "max_tokens": 2}).status_code == 200

@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
+from sglang.srt.entrypoints.json_body import loads_body
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_base import (ClientDisconnected, SafeJSONResponse,
                                                         error_object, json_bytes,
@@ -119,12 +120,7 @@ def error_response(exc: BaseException) -> Response:
 
 
 async def read_json(request: Request) -> Any:
-    import json
-
-    try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"The request body is not valid JSON: {e}") from None
+    return loads_body(await request.body())
 
 
 # ---------------------------------------------------------------------- native API

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from sglang.srt.entrypoints.json_body import loads_body
 from sglang.srt.entrypoints.openai.protocol import (ErrorResponse, LogProbs, PromptTokensDetails,
                                                     UsageInfo)
 from sglang.srt.managers.tokenizer_manager import RequestRefused
@@ -85,10 +86,7 @@ async def parse_body(request: Request, model: Type[M]) -> M:
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise ValueError("Unsupported Media Type: Only 'application/json' is allowed")
     raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"The request body is not valid JSON: {e}") from None
+    body = loads_body(raw)
     if not isinstance(body, dict):
         raise ValueError("The request body must be a JSON object.")
     try:
