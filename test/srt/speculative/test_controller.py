@@ -453,3 +453,58 @@ def test_a_close_start_up_time_gets_one_real_step():
     for _ in range(cm2.min_samples):
         cm2.observe(1, 1, 0.10)
     assert [cm2.choose(rates, depth) for _ in range(5)] == [1] * 5
+
+
+def test_a_window_pays_when_its_tokens_cover_the_sum_of_its_prices():
+    """Each verify carries its own price in plain steps (HYBRID: dearer when its draft model
+    ran): the window pays when what it emitted covers what its verifies cost."""
+    c = ctl()
+    for i in range(40):  # average price 2.65 plain steps, 3 tokens a verify
+        c.on_verify(2, 10, 3, break_even=4.0 if i % 2 else 1.3)
+    assert c.mode == SPEC
+    c = ctl()
+    for i in range(40):  # the same prices, 2 tokens a verify: slower than plain
+        if c.should_speculate():
+            c.on_verify(1, 10, 2, break_even=4.0 if i % 2 else 1.3)
+    assert c.mode == PLAIN and c.fallback_count == 1
+
+
+def hybrid_ctl(reprobe=100) -> RequestController:
+    return RequestController(FallbackConfig(50, 0.5, reprobe), can_drop_model=True)
+
+
+MODEL_PRICE = expected_tokens(0.5, 3)  # a verify its draft model ran for (3 steps)
+
+
+def test_hybrid_drops_its_draft_model_before_its_ngrams():
+    """A window where the draft model's verifies do not pay switches the model off, not
+    speculation: n-gram drafts that pay go on (cra/list/4K fell back to plain here, 0.39x
+    NGRAM); the model is asked again after `reprobe_interval` tokens, then twice as late."""
+    c = hybrid_ctl()
+    while not c.model_off:  # the draft model's drafts: 1.2 tokens a verify for 1.9 steps
+        c.on_verify(0, 10, 1, break_even=MODEL_PRICE)
+    assert c.mode == SPEC and c.fallback_count == 0 and c.model_left == 100
+    tokens = 0
+    while c.model_off:  # the n-grams alone: 3 tokens a verify for 1.3 plain steps
+        c.on_verify(2, 10, 3, break_even=1.3)
+        tokens += 3
+    assert c.mode == SPEC and c.fallback_count == 0 and 100 <= tokens < 103
+    while not c.model_off:  # the model is still no help: off for twice as long
+        c.on_verify(0, 10, 1, break_even=MODEL_PRICE)
+    assert c.model_left == 200 and c.mode == SPEC
+
+
+def test_hybrid_falls_back_to_plain_when_its_ngrams_do_not_pay_either():
+    c = hybrid_ctl()
+    while not c.model_off:
+        c.on_verify(0, 10, 1, break_even=MODEL_PRICE)
+    while c.mode == SPEC:  # n-grams alone: one token a verify at 1.3 plain steps
+        c.on_verify(0, 10, 1, break_even=1.3)
+    assert c.mode == PLAIN and c.fallback_count == 1
+
+
+def test_hybrid_model_that_pays_keeps_running():
+    c = hybrid_ctl()
+    for _ in range(100):  # 3 tokens a verify for 1.9 plain steps
+        c.on_verify(2, 10, 3, break_even=MODEL_PRICE)
+    assert c.mode == SPEC and not c.model_off and c.model_backoff == 1

@@ -232,3 +232,76 @@ def test_draft_model_sits_out_while_the_ngrams_quote() -> None:
     for r in (quote, prose):
         hybrid.release(r)
     hybrid.check_all_free()
+
+
+def test_request_with_the_draft_model_off_is_drafted_by_ngrams_alone(
+        tiny_llama_dir, tiny_draft_dir) -> None:
+    """The fallback's first stage (controller.model_off) holds the draft model back for that
+    request; its verifies are priced as n-gram ones, its output is plain's."""
+    from sglang.srt.speculative.controller import expected_tokens
+    from sglang.srt.speculative.spec_worker import verify_cost_prior
+
+    ps = [[5, 6, 7, 8, 9] * 6 + [11, 12, 13], [21, 22, 23, 24] * 6]
+    ref = run(make_scheduler(tiny_llama_dir), ps, [greedy(24)] * 2)
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="HYBRID",
+                           speculative_draft_model_path=tiny_draft_dir,
+                           speculative_num_steps=3, speculative_num_draft_tokens=8,
+                           speculative_fallback_threshold=0.5)
+    spec = sched.spec
+    propose, record = spec.propose, spec.record
+    ran: dict = {}
+    prices: dict = {}
+
+    def traced_propose(reqs):
+        for r in reqs:
+            ctl = spec.controller(r)
+            if r.rid == "0":
+                ctl.model_off, ctl.model_left = True, 10 ** 6
+        out = propose(reqs)
+        for r in reqs:
+            ran.setdefault(r.rid, []).append(spec.drafter.model_ran_for(r))
+        return out
+
+    def traced_record(req, offered, accepted, emitted):
+        if offered:
+            free = spec.proposal.break_even or verify_cost_prior(offered + 1)
+            model = expected_tokens(0.5, min(3, offered))
+            prices.setdefault(req.rid, []).append(
+                (spec._price(req, offered), free, model, spec.drafter.model_ran_for(req)))
+        record(req, offered, accepted, emitted)
+
+    spec.propose, spec.record = traced_propose, traced_record
+    got = run(sched, ps, [greedy(24)] * 2)
+    for rid, (ids, _) in ref.items():
+        assert got[rid][0] == ids
+    assert not any(ran["0"]) and any(ran["1"])
+    assert prices["0"]  # its n-grams verified drafts, at the verify's own price
+    assert all(price == free for price, free, _, _ in prices["0"])
+    with_model = [(price, free, model) for price, free, model, ran in prices["1"] if ran]
+    assert with_model and all(price == max(free, model) for price, free, model in with_model)
+    sched.check_all_free()
+
+
+def test_a_step_where_nothing_was_drafted_is_timed_as_plain(tiny_llama_dir) -> None:
+    """n-grams that find no match leave the step a plain decode: its time goes to the cost
+    model as plain decoding's, not as the speculative budget's (it made a verify look as
+    cheap as a plain step, and its break-even 1.0)."""
+    g = torch.Generator().manual_seed(7)
+    ps = [torch.randperm(3000, generator=g)[:40].add(3).tolist()]  # no token repeats
+    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM",
+                           speculative_disable_cost_model=False)
+    spec = sched.spec
+    propose = spec.propose
+    seen = []
+
+    def traced(reqs):
+        out = propose(reqs)
+        if any(spec.eligible(r) for r in reqs):
+            seen.append((any(t is not None for t in out.trees), out.budget))
+        return out
+
+    spec.propose = traced
+    run(sched, ps, [greedy(12)])
+    empty = [b for drafted, b in seen if not drafted]
+    assert empty and set(empty) == {1}
+    sched.check_all_free()

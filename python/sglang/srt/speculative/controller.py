@@ -8,6 +8,12 @@ tokens a verify emits must exceed what the verify costs in plain steps. Two form
   It stands for the same test with the draft's cost in the price: at 0.5 a chain of d
   drafts emits (1 - 0.5^(d+1)) / 0.5 tokens a verify (1.9 for d = 3), about what a step
   that runs the draft d times and the verify costs in plain steps.
+A verify may carry its own price in plain steps (`break_even`); a window holding priced
+verifies pays when the tokens it emitted reach the sum of their prices (an unpriced one is
+priced by the seed's rule at its depth). HYBRID prices each verify by whether its draft
+model ran for the request, and falls back in two stages: first from the draft model to its
+n-grams alone (`model_off`, for `reprobe_interval` tokens, doubling), then to plain decoding;
+n-grams that pay are never switched off because the model beside them did not.
 Below it the request decodes plainly; after `reprobe_interval` plain tokens it speculates
 again for one window (a probe); a failed probe doubles the wait (back-off, capped), a good
 one returns to speculation. Each request also sizes its own draft (`draft_len`): it doubles
@@ -49,14 +55,21 @@ class RequestController:
 
     cfg: FallbackConfig
     mode: str = SPEC
-    # per verify in the window: (accepted, offered, emitted)
-    outcomes: Deque[Tuple[int, int, int]] = dataclasses.field(default_factory=collections.deque)
+    # per verify in the window: (accepted, offered, emitted, price in plain steps or None)
+    outcomes: Deque[Tuple[int, int, int, Optional[float]]] = dataclasses.field(
+        default_factory=collections.deque)
     offered: int = 0  # positions in the window
     accepted: int = 0
     emitted: int = 0  # tokens the window's verifies emitted
-    # tokens per verify at which speculation is as fast as plain decoding, for a drafter
-    # that costs nothing (None: a draft model, judged by the acceptance threshold)
+    # the latest verify's price: tokens a verify must emit to be as fast as plain decoding
+    # (None: a draft model, judged by the acceptance threshold)
     break_even: Optional[float] = None
+    # HYBRID: the draft model can sit out while the n-grams go on (`model_off`); it is
+    # asked again after `model_left` tokens, a wait that doubles after each failed window
+    can_drop_model: bool = False
+    model_off: bool = False
+    model_left: int = 0
+    model_backoff: int = 1
     draft_len: int = 0  # drafted tokens this request asks for (0: no limit of its own)
     max_draft_len: int = 0
     plain_left: int = 0
@@ -79,30 +92,32 @@ class RequestController:
 
     def pays(self) -> bool:
         """Does speculation beat plain decoding over the window?"""
-        if self.break_even is None:
+        if all(o[3] is None for o in self.outcomes):
             return self.rate() >= self.cfg.threshold
-        return self.tokens_per_verify() >= self.break_even
+        price = sum(p if p is not None else expected_tokens(self.cfg.threshold, o)
+                    for _, o, _, p in self.outcomes)
+        return self.emitted >= price
 
     def on_verify(self, accepted: int, offered: int, emitted: int,
                   break_even: Optional[float] = None) -> None:
         """A verify offered `offered` positions, `accepted` were taken, `emitted` tokens
-        appended; `break_even`: this step's verify cost in plain steps (free drafters)."""
+        appended; `break_even`: what this verify cost in plain steps (None: unpriced)."""
         self.tokens_seen += emitted
+        self._count_model_wait(emitted)
         if offered <= 0:
             return
-        if break_even is not None:
-            self.break_even = break_even
+        self.break_even = break_even
         if self.acceptance is None:
             self.acceptance = AcceptanceEMA(self.ema_rate, decay=0.8)
         self.ema_rate = self.acceptance.update(accepted, offered)
         self._size_draft(accepted, offered)
-        self.outcomes.append((accepted, offered, emitted))
+        self.outcomes.append((accepted, offered, emitted, break_even))
         self.offered += offered
         self.accepted += accepted
         self.emitted += emitted
         # Slide: keep the most recent positions that still cover a whole window.
         while self.outcomes and self.offered - self.outcomes[0][1] >= self.cfg.window:
-            a, o, e = self.outcomes.popleft()
+            a, o, e, _ = self.outcomes.popleft()
             self.offered -= o
             self.accepted -= a
             self.emitted -= e
@@ -110,18 +125,41 @@ class RequestController:
             return
         if self.cfg.threshold <= 0:  # --speculative-fallback-threshold 0: never fall back
             return
-        if self.mode == SPEC and not self.pays():
+        pays = self.pays()
+        if pays and not self.model_off:
+            self.model_backoff = 1
+        if not pays and self.can_drop_model and not self.model_off:
+            self._drop_model()  # the n-grams alone get a window before plain decoding
+        elif self.mode == SPEC and not pays:
             self._fall_back()
         elif self.mode == PROBE:
-            if self.pays():
+            if pays:
                 self.backoff = 1
                 self._switch(SPEC)
             else:
                 self.backoff = min(self.backoff * 2, MAX_BACKOFF)
                 self._fall_back()
 
+    def _drop_model(self) -> None:
+        self.model_off = True
+        self.model_left = self.cfg.reprobe_interval * self.model_backoff
+        self.model_backoff = min(self.model_backoff * 2, MAX_BACKOFF)
+        self._reset_window()
+        logger.debug("draft model off at token %d for %d tokens", self.tokens_seen,
+                     self.model_left)
+
+    def _count_model_wait(self, n: int) -> None:
+        if not self.model_off:
+            return
+        self.model_left -= n
+        if self.model_left <= 0:  # ask the draft model again: its own window judges it
+            self.model_off = False
+            if self.mode != PLAIN:
+                self._reset_window()
+
     def on_plain_tokens(self, n: int) -> None:
         self.tokens_seen += n
+        self._count_model_wait(n)
         if self.mode != PLAIN:
             return
         self.plain_left -= n

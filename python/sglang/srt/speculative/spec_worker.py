@@ -18,7 +18,8 @@ import torch
 
 from sglang.srt.speculative.budget_policy import BudgetPolicy, CostModelBudget
 from sglang.srt.speculative.config import SpecConfig
-from sglang.srt.speculative.controller import PRIOR_RATE, AcceptanceEMA, RequestController
+from sglang.srt.speculative.controller import (PRIOR_RATE, AcceptanceEMA, RequestController,
+                                               expected_tokens)
 from sglang.srt.speculative.cost_model import CostModel, StepTimer
 from sglang.srt.speculative.drafters import build_drafter
 from sglang.srt.speculative.grammar_verify import verify_with_grammar
@@ -114,7 +115,8 @@ class SpecWorker:
                 ctl = RequestController(self.cfg.fallback)
                 ctl.max_draft_len = ctl.draft_len = self.num_draft_tokens - 1
             else:  # a draft model starts from the server's recent acceptance (docs/decisions.md)
-                ctl = RequestController(self.cfg.fallback, ema_rate=self.rate_prior)
+                ctl = RequestController(self.cfg.fallback, ema_rate=self.rate_prior,
+                                        can_drop_model=self.drafter.drafts_without_model)
             self.controllers[req.rid] = ctl
         return ctl
 
@@ -158,6 +160,8 @@ class SpecWorker:
             else:
                 cands = kept
                 budget = budget if cands else 1
+        if self.drafter.drafts_without_model and not policy.forced:
+            held |= {r.rid for r in cands if self.controller(r).model_off}
         self.drafter.hold_back(held)
         none.budget = budget
         budgets = [min(budget, self.context_len - r.fill_len,
@@ -177,6 +181,10 @@ class SpecWorker:
         if policy.forced and any(t is None or len(t) < b for (_, b), t in zip(keep, trees)):
             typical = False  # a drafter that found less did not run the forced budget
         by_rid = {r.rid: t for (r, _), t in zip(keep, trees) if t is not None and len(t) > 1}
+        if not by_rid:  # nothing drafted: a plain step, and timed as one if no model ran
+            ran = any(self.drafter.model_ran_for(r) for r, _ in keep)
+            timed_plain = not ran and not policy.forced
+            return Proposal(none.trees, 1 if timed_plain else budget, typical and timed_plain)
         return Proposal([by_rid.get(r.rid) for r in reqs], budget, typical,
                         self._break_even(len(reqs), budget))
 
@@ -187,8 +195,10 @@ class SpecWorker:
 
     def _break_even(self, batch_size: int, budget: int) -> Optional[float]:
         """Tokens per verify at which this step's speculation is as fast as plain decoding,
-        for a drafter that costs nothing: the verify step's measured cost in plain steps."""
-        if not self.drafter.costs_nothing or self.cost_model is None:
+        for a drafter that costs nothing (or HYBRID's n-grams): the verify step's measured
+        cost in plain steps."""
+        free = self.drafter.costs_nothing or self.drafter.drafts_without_model
+        if not free or self.cost_model is None:
             return None
         return self.cost_model.step_ratio(batch_size, budget)
 
@@ -232,10 +242,7 @@ class SpecWorker:
         plain step), `accepted` of them taken, `emitted` tokens appended."""
         ctl = self.controller(req)
         if offered:
-            break_even = None
-            if self.drafter.costs_nothing:  # measured, else priced by the tree's own rows
-                break_even = self.proposal.break_even or verify_cost_prior(offered + 1)
-            ctl.on_verify(accepted, offered, emitted, break_even)
+            ctl.on_verify(accepted, offered, emitted, self._price(req, offered))
             self.rate_prior = self.acceptance.update(accepted, offered)
         else:
             ctl.on_plain_tokens(emitted)
@@ -247,6 +254,20 @@ class SpecWorker:
         hist[accepted] += 1
         self.total_verify_ct += 1
         self.total_accepted_tokens += emitted
+
+    def _price(self, req, offered: int) -> Optional[float]:
+        """What the verify just recorded cost in plain steps, for the fallback window: a free
+        drafter's by the step's measured cost (else the tree's own rows); HYBRID's with its
+        draft model at least the seed's rule at the model's depth (its steps' cost); None
+        for a draft model (judged by the acceptance threshold)."""
+        free = self.drafter.costs_nothing or self.drafter.drafts_without_model
+        if not free:
+            return None
+        price = self.proposal.break_even or verify_cost_prior(offered + 1)
+        if self.drafter.model_ran_for(req):
+            depth = min(self.num_steps, offered)
+            price = max(price, expected_tokens(self.cfg.fallback.threshold, depth))
+        return price
 
     def after_prefill(self, reqs, running=(), prefill_tokens: int = 0) -> None:
         """Requests whose prompt the target has just finished: catch the draft up on them

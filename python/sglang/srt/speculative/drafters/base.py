@@ -128,6 +128,10 @@ class Drafter(ABC):
         """This step, the draft model sits out for the requests `rids` (their draft KV is
         not worth catching up); set before each proposal."""
 
+    def model_ran_for(self, req: "Req") -> bool:
+        """Did the latest proposal run a draft model's forwards for `req`? (its price)"""
+        return not self.costs_nothing
+
     def observe(self, observer: DraftObserver) -> None:
         """Tell `observer` about each proposal as it is drafted (drafters with a model)."""
 

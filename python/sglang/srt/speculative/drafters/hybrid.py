@@ -117,6 +117,7 @@ class HybridDrafter(Drafter):
         self.origins: Dict[str, List[frozenset]] = {}  # rid -> origins of its last tree
         self.last_weights: Dict[str, DrafterWeights] = {}  # of released requests (bounded)
         self.held: Set[str] = set()  # requests the draft model sits out for this step
+        self.asked: Set[str] = set()  # requests the draft model drafted for, latest proposal
 
     def hold_back(self, rids: Set[str]) -> None:
         self.held = set(rids)
@@ -128,6 +129,7 @@ class HybridDrafter(Drafter):
         # been carrying (its weight at the floor), except for a probe every few steps. Its
         # KV catches up on the skipped tokens at the next call (one extend, not decodes).
         ask = [i for i, (r, nt) in enumerate(zip(reqs, ngram_trees)) if self._wants_model(r, nt)]
+        self.asked = {reqs[i].rid for i in ask}
         model_trees: List[Optional[DraftTree]] = [None] * len(reqs)
         if ask:
             got = self.model.propose([reqs[i] for i in ask], [budgets[i] for i in ask], depth)
@@ -184,6 +186,9 @@ class HybridDrafter(Drafter):
             unique = sum(origins[i] == {"model"} for i in path[1:])
             w.model_unique = (1 - w.alpha) * w.model_unique + w.alpha * unique
 
+    def model_ran_for(self, req) -> bool:
+        return req.rid in self.asked
+
     def observe(self, observer) -> None:
         self.model.observe(observer)
 
@@ -204,6 +209,7 @@ class HybridDrafter(Drafter):
             while len(self.last_weights) > 1024:
                 self.last_weights.pop(next(iter(self.last_weights)))
         self.origins.pop(req.rid, None)
+        self.asked.discard(req.rid)
 
     def check_all_free(self) -> None:
         self.ngram.check_all_free()
