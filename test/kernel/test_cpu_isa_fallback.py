@@ -56,3 +56,25 @@ def test_vdpbf16ps_attention_without_amx_passes_the_attention_tests() -> None:
     probe = subprocess.run([sys.executable, "-c", "from sgl_kernel import cpu; print(cpu.attention_isa())"],
                            capture_output=True, text=True, timeout=900, env=env, cwd=_ROOT)
     assert probe.stdout.strip() == "avx512bf16", probe.stdout + probe.stderr
+
+
+def test_a_kernel_build_says_when_it_starts_where_it_caches_and_how_it_ended() -> None:
+    """A first start compiles for 1-2 minutes with nothing on screen otherwise: the build
+    logs a line before it begins (with the cache folder) and one when it ends. A -march the
+    compiler refuses ends it in seconds, with the line saying torch's ops are used."""
+    if not cpu.is_available():
+        pytest.skip(f"CPU kernels unavailable: {cpu.unavailable_reason()}")
+    env = dict(os.environ, SGL_KERNEL_MARCH="no-such-cpu",
+               PYTHONPATH=os.pathsep.join([os.path.join(_ROOT, "sgl-kernel"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
+            "from sgl_kernel import cpu\n"
+            "print('available', cpu.is_available(), cpu.build_dir())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, env=env, cwd=_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("available False")
+    cache = out.stdout.split()[-1]
+    assert f"Building the CPU kernels (first use on this machine, 1-2 min); cached in {cache}" \
+        in out.stderr
+    assert "CPU kernels unavailable, torch's ops are used instead" in out.stderr

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import platform
 import sys
 import threading
+import time
 from types import ModuleType
 from typing import Optional
 
@@ -27,6 +29,7 @@ _SOURCES = ("bindings.cpp", "small_m_linear.cpp", "decode_attention.cpp", "decod
             "elementwise.cpp")
 _EXT_NAME = "sgl_cpu_linear"
 
+logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 _module: Optional[ModuleType] = None
 _error: Optional[str] = None
@@ -90,6 +93,12 @@ def _load() -> Optional[ModuleType]:
                     lock = os.path.join(out, "lock")
                     if os.path.exists(lock):
                         os.remove(lock)
+                    # a first start compiles for 1-2 minutes: say so, or it looks like a hang
+                    fresh = not any(f.endswith(".so") for f in os.listdir(out))
+                    t0 = time.perf_counter()
+                    if fresh:
+                        logger.info("Building the CPU kernels (first use on this machine, "
+                                    "1-2 min); cached in %s", out)
                     _module = load(
                         name=_EXT_NAME,
                         sources=[os.path.join(_CSRC, s) for s in _SOURCES],
@@ -98,10 +107,15 @@ def _load() -> Optional[ModuleType]:
                         build_directory=out,
                         verbose=False,
                     )
+                    if fresh:
+                        logger.info("CPU kernels built in %.0f s, cached in %s",
+                                    time.perf_counter() - t0, out)
                 finally:
                     fcntl.flock(guard, fcntl.LOCK_UN)
         except Exception as e:  # no compiler, no ninja, compile error: callers use torch
             _error = f"{type(e).__name__}: {e}"
+            logger.warning("CPU kernels unavailable, torch's ops are used instead: %s",
+                           _error.splitlines()[0][:300])
         return _module
 
 
