@@ -37,6 +37,28 @@ def test_dead_child_exits_nonzero_with_reason(start_server, tiny_llama_dir):
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in children)
 
 
+def test_health_answers_while_the_scheduler_is_busy(start_server, tiny_llama_dir):
+    """A worker stuck in a long prefill (here: its children stopped) is alive: /health says
+    200 at once, where a probe that generates (/health_generate) waits behind the work; a
+    router polling /health no longer drops a busy worker. Both answer 200 once it moves."""
+    import requests
+
+    srv = start_server(tiny_llama_dir, ["--max-total-tokens", "4096"])
+    children = [p for p in psutil.Process(srv.proc.pid).children()
+                if "resource_tracker" not in " ".join(p.cmdline())]
+    for p in children:
+        p.send_signal(signal.SIGSTOP)
+    try:
+        assert requests.get(srv.base_url + "/health", timeout=5).status_code == 200
+        with pytest.raises(requests.exceptions.Timeout):
+            requests.get(srv.base_url + "/health_generate", timeout=2)
+    finally:
+        for p in children:
+            p.send_signal(signal.SIGCONT)
+    assert requests.get(srv.base_url + "/health_generate", timeout=30).status_code == 200
+    assert requests.get(srv.base_url + "/health", timeout=5).status_code == 200
+
+
 def test_startup_failure_exits_nonzero(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path",
                           str(tmp_path / "missing-model"), "--port", "1"],

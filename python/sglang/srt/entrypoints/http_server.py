@@ -2,7 +2,8 @@
 
 Native errors are `{"error": {"message": ...}}` (400 for bad input, 503 when refused);
 OpenAI routes answer with OpenAI's flat error object. Lifecycle: /health answers 503 until
-the warm-up request finished and while draining; SIGTERM stops admitting, lets running
+the warm-up request finished and while draining, else 200 at once (/health_generate also
+generates one token); SIGTERM stops admitting, lets running
 requests finish, then exits 0; a dead child process logs why and exits 1.
 """
 
@@ -167,11 +168,23 @@ def _observe(name: str, t0: float) -> None:
         metrics.observe_handler(name, time.perf_counter() - t0)
 
 
-@app.get("/health")
-@app.get("/health_generate")
-async def health():
+def _serving() -> bool:
     tm = state.tokenizer_manager
-    if not state.ready or state.draining or tm is None or tm.dead_message:
+    return state.ready and not state.draining and tm is not None and not tm.dead_message
+
+
+@app.get("/health")
+async def health():
+    """Up, warmed and its processes alive (they are watched): answered at once, never queued
+    behind a long prefill, which had a router mark a busy worker unhealthy. The deep check,
+    one generated token, is /health_generate (upstream's pair)."""
+    return Response(status_code=200 if _serving() else 503)
+
+
+@app.get("/health_generate")
+async def health_generate():
+    tm = state.tokenizer_manager
+    if not _serving():
         return Response(status_code=503)
     obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0},
                            rid=f"{HEALTH_CHECK_PREFIX}_{os.urandom(8).hex()}")
