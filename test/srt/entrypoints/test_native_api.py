@@ -206,6 +206,11 @@ def test_info_endpoints(server, tiny_llama_dir):
     assert si["model_path"] == tiny_llama_dir and si["status"] == "ready"
     assert server.get("/health").status_code == 200
     assert server.get("/metrics").status_code == 404  # metrics are off by default
+    assert si["dp_size"] == 1
+    # upstream's /get_load (the sglang-router polls it): one entry per dp rank; idle here,
+    # every request finished, its KV cached (evictable) or free
+    assert server.get("/get_load").json() == [
+        {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
 
 
 def test_a_body_nested_too_deeply_is_400(server):

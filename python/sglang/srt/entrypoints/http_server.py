@@ -209,6 +209,17 @@ async def model_info():
             "architectures": state.scheduler_info.get("architectures")}
 
 
+@app.get("/get_load")
+async def get_load():
+    """Upstream's load shape, one entry per data-parallel rank (one here), for the
+    sglang-router's load monitor and power-of-two policy: requests running and waiting,
+    and the KV tokens they hold (the pool less its free and evictable cached tokens)."""
+    s = await state.tokenizer_manager.get_internal_state()
+    used = s["max_total_num_tokens"] - s["available_kv_tokens"] - s["cache_evictable_tokens"]
+    return [{"dp_rank": 0, "num_reqs": s["num_running_reqs"] + s["num_waiting_reqs"],
+             "num_waiting_reqs": s["num_waiting_reqs"], "num_tokens": max(used, 0)}]
+
+
 @app.get("/get_server_info")
 @app.get("/server_info")
 async def server_info():
@@ -217,7 +228,7 @@ async def server_info():
     internal_state = {**args, **internal, "last_gen_throughput": _throughput()}
     internal_state.setdefault("avg_spec_accept_length", None)
     return SafeJSONResponse({
-        **args, "status": "ready" if state.ready else "starting",
+        **args, "dp_size": 1, "status": "ready" if state.ready else "starting",
         "max_total_num_tokens": internal["max_total_num_tokens"],
         "max_req_input_len": internal["max_req_input_len"],
         "internal_states": [internal_state], "version": __version__})
