@@ -61,9 +61,6 @@ class RequestController:
     offered: int = 0  # positions in the window
     accepted: int = 0
     emitted: int = 0  # tokens the window's verifies emitted
-    # the latest verify's price: tokens a verify must emit to be as fast as plain decoding
-    # (None: a draft model, judged by the acceptance threshold)
-    break_even: Optional[float] = None
     # HYBRID: the draft model can sit out while the n-grams go on (`model_off`); it is
     # asked again after `model_left` tokens, a wait that doubles after each failed window
     can_drop_model: bool = False
@@ -87,9 +84,6 @@ class RequestController:
     def rate(self) -> float:
         return self.accepted / self.offered if self.offered else 1.0
 
-    def tokens_per_verify(self) -> float:
-        return self.emitted / len(self.outcomes) if self.outcomes else 0.0
-
     def pays(self) -> bool:
         """Does speculation beat plain decoding over the window?"""
         if all(o[3] is None for o in self.outcomes):
@@ -106,7 +100,6 @@ class RequestController:
         self._count_model_wait(emitted)
         if offered <= 0:
             return
-        self.break_even = break_even
         if self.acceptance is None:
             self.acceptance = AcceptanceEMA(self.ema_rate, decay=0.8)
         self.ema_rate = self.acceptance.update(accepted, offered)

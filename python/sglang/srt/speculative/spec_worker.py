@@ -93,6 +93,9 @@ class SpecWorker:
         self.draft_share = (self.draft_kv.num_params / target_params
                             if self.draft_kv.enabled and target_params else 1.0)
         self.grammar_backend = grammar_backend  # masks drafted tokens a grammar forbids
+        # verifies judged by their price in plain steps (free drafters, HYBRID's n-grams);
+        # else by the acceptance threshold
+        self.prices_verifies = self.drafter.costs_nothing or self.drafter.drafts_without_model
 
     def _candidate_budgets(self) -> List[int]:
         full = self.num_draft_tokens
@@ -197,8 +200,7 @@ class SpecWorker:
         """Tokens per verify at which this step's speculation is as fast as plain decoding,
         for a drafter that costs nothing (or HYBRID's n-grams): the verify step's measured
         cost in plain steps."""
-        free = self.drafter.costs_nothing or self.drafter.drafts_without_model
-        if not free or self.cost_model is None:
+        if not self.prices_verifies or self.cost_model is None:
             return None
         return self.cost_model.step_ratio(batch_size, budget)
 
@@ -260,8 +262,7 @@ class SpecWorker:
         drafter's by the step's measured cost (else the tree's own rows); HYBRID's with its
         draft model at least the seed's rule at the model's depth (its steps' cost); None
         for a draft model (judged by the acceptance threshold)."""
-        free = self.drafter.costs_nothing or self.drafter.drafts_without_model
-        if not free:
+        if not self.prices_verifies:
             return None
         price = self.proposal.break_even or verify_cost_prior(offered + 1)
         if self.drafter.model_ran_for(req):
