@@ -14,10 +14,12 @@ def main(argv=None) -> None:
     from sglang.srt.entrypoints.launch import ChildStartError
     from sglang.srt.entrypoints.openai.chat_template import resolve_chat_template
     from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils.flag_checks import check_one_replica
 
     try:
         server_args = prepare_server_args(sys.argv[1:] if argv is None else argv)
         resolve_chat_template(server_args.chat_template)  # fail before loading anything
+        check_one_replica(server_args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -16,6 +16,8 @@ import warnings
 from typing import Any, List, Optional
 
 from sglang.srt.registry import ATTENTION_BACKENDS, EXPERT_PREDICTORS, SPECULATIVE_ALGORITHMS
+from sglang.srt.utils.flag_checks import (check_draft_kv_flags, check_moe_flags,
+                                          check_parallel_flags)
 
 # Upstream flags kept so that command lines move over unchanged: name -> (the value that
 # behaves as this fork does, what the fork does instead).
@@ -95,6 +97,9 @@ class ServerArgs:
     stream_interval: int = 1
     incremental_streaming_output: bool = False
     watchdog_timeout: float = 300
+    # Bodies beyond this get a 413 before they are read (the router's own cap is 512 MiB).
+    max_request_body_bytes: int = 64 * 1024 * 1024
+    grpc_mode: bool = False  # upstream's gRPC front; this fork serves HTTP only
 
     # Memory and scheduling
     mem_fraction_static: Optional[float] = None
@@ -137,6 +142,15 @@ class ServerArgs:
     # branches whose predicted expert loads cost more time than their expected tokens bring.
     moe_prefetch_prune_tree: bool = False
     tp_size: int = 1
+    # Several machines: the address rank 0 listens on for torch.distributed (host:port), how
+    # many nodes share the TP group and which one this is (ranks are split evenly).
+    dist_init_addr: Optional[str] = None
+    nnodes: int = 1
+    node_rank: int = 0
+    # Data parallelism: one server per replica behind the sglang-router, which starts them
+    # (`python -m sglang_router.launch_server --dp-size N`) with base_gpu_id = rank * tp_size.
+    dp_size: int = 1
+    base_gpu_id: int = 0
     num_threads: Optional[int] = None
 
     # Speculative decoding (the algorithms arrive with the speculative work)
@@ -206,8 +220,10 @@ class ServerArgs:
                              "kernels); use --dtype bfloat16 (same size) or float32")
         if self.page_size != 1:
             raise ValueError("--page-size other than 1 is not supported yet; use --page-size 1")
-        if self.tp_size != 1:
-            raise ValueError("--tp-size other than 1 is not supported on this fork yet")
+        check_parallel_flags(self)
+        if self.max_request_body_bytes < 1024:
+            raise ValueError("--max-request-body-bytes must be at least 1024 (1k), got "
+                             f"{self.max_request_body_bytes}")
         self._warn_ignored()
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError("--mem-fraction-static must be in (0, 1]")
@@ -235,42 +251,13 @@ class ServerArgs:
                 value = getattr(self, name)
                 if value is not None and value < 1:
                     raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-        self._check_draft_kv()
+        check_draft_kv_flags(self)
         if self.speculative_calibrate_seconds < 0:
             raise ValueError("--speculative-calibrate-seconds must be >= 0 (0 skips the start-up "
                              f"calibration), got {self.speculative_calibrate_seconds}")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be at least 1")
-        if self.moe_expert_cache_slots is not None and self.moe_expert_cache_slots < 1:
-            raise ValueError("--moe-expert-cache-slots must be at least 1 (experts per layer kept "
-                             "in the fast tier), or left unset to keep every expert resident")
-        if self.moe_expert_drop_page_cache and self.moe_expert_cache_slots is None:
-            raise ValueError("--moe-expert-drop-page-cache needs --moe-expert-cache-slots")
-        if self.moe_prefetch_predictor != "none" and self.moe_expert_cache_slots is None:
-            raise ValueError("--moe-prefetch-predictor needs --moe-expert-cache-slots (with every "
-                             "expert resident there is nothing to prefetch)")
-        if self.moe_prefetch_prune_tree and (
-                self.moe_prefetch_predictor not in ("draft", "ensemble")
-                or not self.speculative_algorithm):
-            raise ValueError("--moe-prefetch-prune-tree prices draft trees by the experts their "
-                             "tokens route to: it needs --speculative-algorithm and "
-                             "--moe-prefetch-predictor draft or ensemble")
-        if self.moe_prefetch_width < 0:
-            raise ValueError(f"--moe-prefetch-width must be >= 0, got {self.moe_prefetch_width}")
-        if not 0.0 <= self.moe_prefetch_min_prob < 1.0:
-            raise ValueError("--moe-prefetch-min-prob must be in [0, 1) (0: fetch every "
-                             f"token's top-(k + width)), got {self.moe_prefetch_min_prob}")
-        if self.moe_prefetch_keep_width < 0:
-            raise ValueError("--moe-prefetch-keep-width must be >= 0, got "
-                             f"{self.moe_prefetch_keep_width}")
-        fixed_rule = ((self.moe_prefetch_predictor == "draft" and self.moe_prefetch_width)
-                      or (self.moe_prefetch_predictor in ("draft", "ensemble")
-                          and self.moe_prefetch_keep_width != 1))
-        if fixed_rule and self.moe_prefetch_min_prob > 0:
-            warnings.warn("--moe-prefetch-width / --moe-prefetch-keep-width do not shape the "
-                          "`draft` predictor's calibrated cut (--moe-prefetch-min-prob "
-                          f"{self.moe_prefetch_min_prob:g}); add --moe-prefetch-min-prob 0 "
-                          "for the fixed top-(k + width) rule they set", stacklevel=3)
+        check_moe_flags(self)
 
     def _warn_ignored(self) -> None:
         """Upstream flags this fork accepts but does not act on: a warning when one is set
@@ -281,43 +268,12 @@ class ServerArgs:
                 warnings.warn(f"--{name.replace('_', '-')} {value!r} is accepted for upstream "
                               f"compatibility and ignored by this fork: {why}", stacklevel=4)
 
-    def _check_draft_kv(self) -> None:
-        """Long-context drafting flags; checks that need the draft's config run at load
-        (DraftKVConfig)."""
-        policy = self.speculative_draft_kv_policy
-        if policy not in ("full", "streaming", "retrieval"):
-            raise ValueError("--speculative-draft-kv-policy must be one of full, streaming, "
-                             f"retrieval; got {policy!r}")
-        algo = (self.speculative_algorithm or "").upper()
-        if policy != "full" and algo not in ("STANDALONE", "HYBRID"):
-            raise ValueError(f"--speculative-draft-kv-policy {policy} needs "
-                             "--speculative-algorithm STANDALONE (a draft model with KV)")
-        budget = self.speculative_draft_kv_budget
-        if self.speculative_draft_max_position is not None and policy == "full":
-            raise ValueError("--speculative-draft-max-position applies to the streaming and "
-                             "retrieval policies (full keeps every token at its true position)")
-        if budget is not None and policy == "full":
-            raise ValueError("--speculative-draft-kv-budget bounds the streaming and retrieval "
-                             "policies; set --speculative-draft-kv-policy streaming|retrieval "
-                             "or drop the budget")
-        for name, low in (("speculative_draft_kv_sink", 0), ("speculative_draft_kv_chunk_size", 1),
-                          ("speculative_draft_kv_refresh_interval", 1),
-                          ("speculative_draft_max_position", 16),
-                          ("speculative_draft_max_total_tokens", 16)):
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
-        if budget is None:
-            return
-        sink, chunk = self.speculative_draft_kv_sink, self.speculative_draft_kv_chunk_size
-        if policy == "streaming" and budget < sink + 4:
-            raise ValueError(f"--speculative-draft-kv-budget {budget} leaves no recent window "
-                             f"after {sink} sink tokens: use at least {sink + 4}")
-        if policy == "retrieval" and budget < sink + 3 * chunk:
-            raise ValueError(f"--speculative-draft-kv-budget {budget} is too small for retrieval "
-                             f"with {sink} sinks and chunks of {chunk}: use at least "
-                             f"{sink + 3 * chunk} (sinks + 3 chunks), or smaller "
-                             "--speculative-draft-kv-chunk-size")
+    def torch_device(self, tp_rank: int = 0) -> str:
+        """Where a TP rank's model and pools live: GPU base_gpu_id + rank on CUDA (a
+        replica the router started takes --base-gpu-id N), else the device as given."""
+        if self.device == "cuda" and (self.base_gpu_id or self.tp_size > 1):
+            return f"cuda:{self.base_gpu_id + tp_rank}"
+        return self.device
 
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"

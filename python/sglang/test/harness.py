@@ -12,6 +12,7 @@ from typing import List, Sequence, Union
 
 import torch
 
+from sglang.srt.distributed.parallel_state import kv_heads_per_rank, tp_group
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
@@ -27,8 +28,10 @@ class TinyRunner:
         cfg = self.config
         self.req_pool = ReqToTokenPool(max_reqs, max_context)
         self.allocator = TokenSlotAllocator(kv_slots)
+        # this TP rank's KV heads (all of them without tensor parallelism)
         self.kv_pool = KVPool(kv_slots, cfg.num_hidden_layers,
-                              cfg.num_key_value_heads or cfg.num_attention_heads,
+                              kv_heads_per_rank(cfg.num_key_value_heads or cfg.num_attention_heads,
+                                                tp_group().size),
                               head_dim_of(cfg), self.dtype)
         self.backend = TorchNativeAttnBackend()
         self.rows: List[int] = []  # req_to_token row of each running request

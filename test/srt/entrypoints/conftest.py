@@ -32,8 +32,9 @@ def free_port() -> int:
 class ServerProcess:
     """A launched server; `log()` returns what it printed so far."""
 
-    def __init__(self, model_dir: str, args: List[str], api_key: Optional[str] = None) -> None:
-        self.port = free_port()
+    def __init__(self, model_dir: str, args: List[str], api_key: Optional[str] = None,
+                 port: Optional[int] = None) -> None:
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self._log = tempfile.NamedTemporaryFile(prefix="sglang-server-", suffix=".log", delete=False)
@@ -106,14 +107,15 @@ class ServerProcess:
         return self.proc.returncode
 
 
-# The default server: small context so length limits are cheap to reach.
+# The default server: small context and body limit, so length limits are cheap to reach.
 CONTEXT_LEN = 256
 
 
 @pytest.fixture(scope="session")
 def server(tiny_llama_dir):
     srv = ServerProcess(tiny_llama_dir, ["--context-length", str(CONTEXT_LEN),
-                                         "--max-total-tokens", "16384"])
+                                         "--max-total-tokens", "16384",
+                                         "--max-request-body-bytes", "1M"])
     yield srv
     srv.stop()
 
@@ -124,11 +126,89 @@ def start_server():
     all of them are stopped when the module ends."""
     started: List[ServerProcess] = []
 
-    def start(model_dir: str, args: List[str], api_key: Optional[str] = None) -> ServerProcess:
-        srv = ServerProcess(model_dir, args, api_key)
+    def start(model_dir: str, args: List[str], api_key: Optional[str] = None,
+              port: Optional[int] = None) -> ServerProcess:
+        srv = ServerProcess(model_dir, args, api_key, port)
         started.append(srv)
         return srv
 
     yield start
     for srv in started:
         srv.stop()
+
+
+def generate(url: str, text: str, max_tokens: int = 4, timeout: float = 60) -> requests.Response:
+    """Greedy native /generate of exactly `max_tokens` tokens (ignore_eos)."""
+    return requests.post(url + "/generate", timeout=timeout, json={
+        "text": text, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0,
+                                          "ignore_eos": True}})
+
+
+class RouterProcess:
+    """The real sglang-router (PyPI): `python -m sglang_router.<module> ...` on a free port in
+    its own process group, ready when a generation through it answers (the router is up
+    before its workers are)."""
+
+    def __init__(self, module: str, args: List[str], start_timeout: float = 240) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="sglang-router-", suffix=".log",
+                                                delete=False)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = _PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
+        # each router exports Prometheus metrics on a port of its own (a shared default
+        # port makes the second router in a run panic)
+        self.metrics_port = free_port()
+        prom = "--prometheus-port" if module == "launch_router" else "--router-prometheus-port"
+        cmd = [sys.executable, "-m", f"sglang_router.{module}", "--host", "127.0.0.1",
+               "--port", str(self.port), prom, str(self.metrics_port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        deadline = time.time() + start_timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None or "PanicException" in self.log():
+                self.stop()
+                raise RuntimeError(f"router failed ({self.proc.returncode}):\n{self.log()}")
+            try:
+                if generate(self.url, "Hello", max_tokens=1, timeout=10).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"router not ready in {start_timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        with open(self._log.name, errors="replace") as f:
+            return f.read()
+
+    def generate(self, text: str, max_tokens: int = 4, timeout: float = 60) -> requests.Response:
+        return generate(self.url, text, max_tokens, timeout)
+
+    def metrics(self) -> str:
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+
+    def stop(self) -> None:
+        """SIGTERM to the whole group (launch_server's replicas too), SIGKILL if it hangs."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def start_router():
+    """Factory: start_router(module, args) -> RouterProcess; all stopped when the module ends."""
+    started: List[RouterProcess] = []
+
+    def start(module: str, args: List[str]) -> RouterProcess:
+        router = RouterProcess(module, args)
+        started.append(router)
+        return router
+
+    yield start
+    for router in started:
+        router.stop()

@@ -222,3 +222,27 @@ def test_a_body_nested_too_deeply_is_400(server):
     assert "nested too deeply" in resp.json()["error"]["message"]
     ok = server.post("/generate", json={"text": "still fine?", "sampling_params": greedy(2)})
     assert ok.status_code == 200
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(server):
+    """--max-request-body-bytes (1M on this server): a body declaring more gets a 413 naming
+    the flag, on the native and the OpenAI routes (OpenAI's error shape there), whether its
+    size is declared or it arrives chunked; the server goes on serving."""
+    big = b'{"text": "' + b"a" * (1024 * 1024 + 10) + b'"}'
+    resp = requests.post(server.base_url + "/generate", data=big, timeout=30)
+    assert resp.status_code == 413, resp.text
+    assert "--max-request-body-bytes" in resp.json()["error"]["message"]
+    resp = requests.post(server.base_url + "/v1/completions", data=big, timeout=30,
+                         headers={"Content-Type": "application/json"})
+    assert resp.status_code == 413 and resp.json()["code"] == 413, resp.text
+
+    def chunks():  # no Content-Length: counted as it arrives
+        yield b'{"text": "'
+        for _ in range(20):
+            yield b"a" * (64 * 1024)
+        yield b'"}'
+
+    resp = requests.post(server.base_url + "/generate", data=chunks(), timeout=30)
+    assert resp.status_code == 413, resp.text
+    ok = server.post("/generate", json={"text": "still fine?", "sampling_params": greedy(2)})
+    assert ok.status_code == 200

@@ -16,10 +16,12 @@ logger = logging.getLogger(__name__)
 class Engine:
     def __init__(self, server_args: Optional[ServerArgs] = None, **kwargs: Any) -> None:
         from sglang.srt.entrypoints.launch import launch_subprocesses, watch_children
+        from sglang.srt.utils.flag_checks import check_one_replica
 
         if server_args is None:
             kwargs.setdefault("log_level", "error")
             server_args = ServerArgs(**kwargs)
+        check_one_replica(server_args)
         self.server_args = server_args
         logging.basicConfig(level=getattr(logging, server_args.log_level.upper()))
         self.loop = asyncio.new_event_loop()

@@ -15,42 +15,27 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
-from sglang.srt.entrypoints.json_body import loads_body
+from sglang.srt.entrypoints.app_state import native_error, read_json, refused, state
+from sglang.srt.entrypoints.body_limit import bounded_receive, declared_length, too_large_message
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_base import (ClientDisconnected, SafeJSONResponse,
-                                                        error_object, json_bytes,
-                                                        until_disconnect)
+                                                        json_bytes, until_disconnect)
+from sglang.srt.entrypoints.server_routes import router as server_router
 from sglang.srt.managers.expert_record_handler import PATHS, register_expert_record_routes
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import (HEALTH_CHECK_PREFIX, RequestRefused,
-                                                   raise_if_refused)
+from sglang.srt.managers.tokenizer_manager import RequestRefused, raise_if_refused
 from sglang.srt.server_args import ServerArgs
-from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
 
 _ADMIN_PATHS = ("/flush_cache", *PATHS.values())
-
-
-class AppState:
-    tokenizer_manager: Any = None
-    server_args: Optional[ServerArgs] = None
-    scheduler_info: Dict[str, Any] = {}
-    ready: bool = False  # warm-up done
-    draining: bool = False  # SIGTERM received: no new requests
-    shutting_down: bool = False  # children are being stopped on purpose
-    loop: Optional[asyncio.AbstractEventLoop] = None
-    chat: Any = None
-    completions: Any = None
-
-
-state = AppState()
 
 
 @contextlib.asynccontextmanager
@@ -66,8 +51,9 @@ app = FastAPI(lifespan=lifespan)
 
 # ---------------------------------------------------------------------- auth and draining
 class GateMiddleware:
-    """Bearer auth (all but /health*, /metrics and OPTIONS) and refusal while draining.
-    Plain ASGI, so streaming responses still see client disconnects."""
+    """Bearer auth (all but /health*, /metrics and OPTIONS), refusal while draining, and
+    bodies over --max-request-body-bytes (413). Plain ASGI, so streaming responses still
+    see client disconnects."""
 
     def __init__(self, asgi_app) -> None:
         self.app = asgi_app
@@ -75,6 +61,15 @@ class GateMiddleware:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             refusal = _refusal(scope)
+            if refusal is None and state.server_args is not None and scope["method"] != "GET":
+                limit = state.server_args.max_request_body_bytes
+                declared = declared_length(scope)
+                bounded = None if declared is not None and declared > limit else (
+                    await bounded_receive(receive, limit))
+                if bounded is None:
+                    refusal = refused(scope["path"], too_large_message(limit), 413)
+                else:
+                    receive = bounded
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
@@ -94,21 +89,11 @@ def _refusal(scope) -> Optional[Response]:
         if allowed and given not in allowed:
             return SafeJSONResponse({"error": "Unauthorized"}, status_code=401)
     if state.draining and not path.startswith(("/health", "/metrics")):
-        return _refused(path, "The server is shutting down; no new requests are accepted.", 503)
+        return refused(path, "The server is shutting down; no new requests are accepted.", 503)
     return None
 
 
 app.add_middleware(GateMiddleware)
-
-
-def native_error(message: str, status: int = 400) -> Response:
-    return SafeJSONResponse({"error": {"message": message}}, status_code=status)
-
-
-def _refused(path: str, message: str, status: int) -> Response:
-    if path.startswith("/v1/"):
-        return SafeJSONResponse(error_object(message, status), status_code=status)
-    return native_error(message, status)
 
 
 def error_response(exc: BaseException) -> Response:
@@ -118,10 +103,6 @@ def error_response(exc: BaseException) -> Response:
         return native_error(str(exc), exc.status_code)
     logger.exception("Internal error while serving a request")
     return native_error(f"Internal server error: {exc}", 500)
-
-
-async def read_json(request: Request) -> Any:
-    return loads_body(await request.body())
 
 
 # ---------------------------------------------------------------------- native API
@@ -168,113 +149,8 @@ def _observe(name: str, t0: float) -> None:
         metrics.observe_handler(name, time.perf_counter() - t0)
 
 
-def _serving() -> bool:
-    tm = state.tokenizer_manager
-    return state.ready and not state.draining and tm is not None and not tm.dead_message
-
-
-@app.get("/health")
-async def health():
-    """Up, warmed and its processes alive (they are watched): answered at once, never queued
-    behind a long prefill, which had a router mark a busy worker unhealthy. The deep check,
-    one generated token, is /health_generate (upstream's pair)."""
-    return Response(status_code=200 if _serving() else 503)
-
-
-@app.get("/health_generate")
-async def health_generate():
-    tm = state.tokenizer_manager
-    if not _serving():
-        return Response(status_code=503)
-    obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0},
-                           rid=f"{HEALTH_CHECK_PREFIX}_{os.urandom(8).hex()}")
-    agen = tm.generate_request(obj)
-    try:
-        await asyncio.wait_for(agen.__anext__(), timeout=20)
-        return Response(status_code=200)
-    except Exception:
-        return Response(status_code=503)
-    finally:
-        await agen.aclose()
-
-
-@app.get("/get_model_info")
-@app.get("/model_info")
-async def model_info():
-    args = state.server_args
-    return {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path,
-            "is_generation": True, "preferred_sampling_params": None,
-            "weight_version": "default", "has_image_understanding": False,
-            "has_audio_understanding": False, "model_type": state.scheduler_info.get("model_type"),
-            "architectures": state.scheduler_info.get("architectures")}
-
-
-@app.get("/get_load")
-async def get_load():
-    """Upstream's load shape, one entry per data-parallel rank (one here), for the
-    sglang-router's load monitor and power-of-two policy: requests running and waiting,
-    and the KV tokens they hold (the pool less its free and evictable cached tokens)."""
-    s = await state.tokenizer_manager.get_internal_state()
-    used = s["max_total_num_tokens"] - s["available_kv_tokens"] - s["cache_evictable_tokens"]
-    return [{"dp_rank": 0, "num_reqs": s["num_running_reqs"] + s["num_waiting_reqs"],
-             "num_waiting_reqs": s["num_waiting_reqs"], "num_tokens": max(used, 0)}]
-
-
-@app.get("/get_server_info")
-@app.get("/server_info")
-async def server_info():
-    internal = await state.tokenizer_manager.get_internal_state()
-    args = dict(vars(state.server_args))
-    internal_state = {**args, **internal, "last_gen_throughput": _throughput()}
-    internal_state.setdefault("avg_spec_accept_length", None)
-    return SafeJSONResponse({
-        **args, "dp_size": 1, "status": "ready" if state.ready else "starting",
-        "max_total_num_tokens": internal["max_total_num_tokens"],
-        "max_req_input_len": internal["max_req_input_len"],
-        "internal_states": [internal_state], "version": __version__})
-
-
-def _throughput() -> float:
-    metrics = state.tokenizer_manager.metrics
-    return metrics.throughput() if metrics is not None else 0.0
-
-
-@app.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache():
-    out = await state.tokenizer_manager.flush_cache()
-    if out.success:
-        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. "
-                                 "(When there are running or waiting requests, the operation "
-                                 "will not be performed.)\n")
-    return PlainTextResponse(out.message, status_code=400)
-
-
+app.include_router(server_router)
 register_expert_record_routes(app, lambda action: state.tokenizer_manager.expert_distribution(action))
-
-
-@app.post("/abort_request")
-async def abort_request(request: Request):
-    try:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise ValueError("The request body must be a JSON object.")
-        rid, abort_all = body.get("rid", ""), bool(body.get("abort_all", False))
-        if not abort_all and (not isinstance(rid, str) or not rid):
-            raise ValueError("Give the rid (a string) of the request to abort, or abort_all: true.")
-    except ValueError as e:
-        return native_error(str(e))
-    state.tokenizer_manager.abort_request("" if abort_all else rid)
-    return Response(status_code=200)
-
-
-@app.get("/metrics")
-async def metrics():
-    collector = state.tokenizer_manager.metrics
-    if collector is None:
-        return native_error("Metrics are off; start the server with --enable-metrics.", 404)
-    collector.refresh(await state.tokenizer_manager.get_internal_state())
-    body, content_type = collector.render()
-    return Response(body, media_type=content_type)
 
 
 # ---------------------------------------------------------------------- OpenAI API
@@ -362,6 +238,10 @@ def launch_server(server_args: ServerArgs) -> None:
 
     logging.basicConfig(level=getattr(logging, server_args.log_level.upper()),
                         format="[%(asctime)s] %(levelname)s %(message)s")
+    if server_args.node_rank > 0:  # TP ranks only; node 0 serves
+        from sglang.srt.entrypoints.launch import run_follower_node
+
+        sys.exit(run_follower_node(server_args))
     tm, procs, info, ipc_folder = launch_subprocesses(server_args)
 
     def on_death(message: str) -> None:

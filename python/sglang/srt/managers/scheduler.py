@@ -257,8 +257,8 @@ class Scheduler(SchedulerStateMixin):
         fut = req.grammar_future
         if fut is None or req.grammar is not None:
             return True
-        if not fut.done():
-            return False
+        if not fut.done() and self.runner.tp_size == 1:
+            return False  # under TP every rank must admit alike: wait for the compile below
         try:
             req.grammar = self.grammar_backend.new_matcher(fut.result())
             for tok in req.output_ids:  # resumed after retraction: replay what was emitted

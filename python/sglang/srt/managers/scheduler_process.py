@@ -13,6 +13,7 @@ import logging
 import os
 import pickle
 import traceback
+from typing import List, Optional
 
 from sglang.srt.managers.expert_record_handler import handle_expert_distribution_req
 from sglang.srt.managers.io_struct import (AbortReq, BatchTokenIDOut, ExpertDistributionReq,
@@ -47,24 +48,37 @@ def shareable(tokenizer):
         return None
 
 
-def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe) -> None:
+def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe, tp_rank: int = 0,
+                          dist_init: Optional[str] = None) -> None:
+    """One TP rank's scheduler (the only one without tensor parallelism). Rank 0 talks to
+    the tokenizer and the detokenizer; every step it hands what it received to all ranks,
+    which then step alike in lockstep (same requests, same pools, same decisions)."""
     try:
         import torch
         import zmq
 
+        from sglang.srt.distributed.parallel_state import init_tensor_parallel
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.model_loader.loader import load_tokenizer
         from sglang.srt.utils.process import configure_child_logging, watch_parent
 
-        configure_child_logging(server_args.log_level, "scheduler")
+        tp = server_args.tp_size
+        configure_child_logging(server_args.log_level, "scheduler" + (f" tp{tp_rank}" if tp > 1 else ""))
         watch_parent()
-        torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+        # the ranks of one machine share its cores
+        torch.set_num_threads(server_args.num_threads or max(1, (os.cpu_count() or 1) // tp))
+        if tp > 1:
+            init_tensor_parallel(tp_rank, tp, dist_init)
         tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(server_args.tokenizer_path)
-        ready_pipe.send({"tokenizer": shareable(tokenizer)})
+        ready_pipe.send({"tokenizer": shareable(tokenizer) if tp_rank == 0 else None})
         scheduler = Scheduler(server_args, tokenizer=tokenizer)
         scheduler.calibrate()
     except Exception as e:  # the launcher shows this and exits non-zero
         ready_pipe.send({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        return
+    if tp_rank > 0:
+        ready_pipe.send(scheduler_info(scheduler))
+        _follow(scheduler)
         return
     ctx = zmq.Context()
     recv = ctx.socket(zmq.PULL)
@@ -75,20 +89,42 @@ def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe) -> None:
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
     while True:
-        # Block only when there is nothing to compute.
-        timeout = None if scheduler.is_idle() else 0
+        # Block only when there is nothing to compute (under TP, wake every second: the
+        # other ranks wait in the broadcast, which must not time out).
+        timeout = (None if tp == 1 else _IDLE_BEAT_MS) if scheduler.is_idle() else 0
+        msgs = []
         if poller.poll(timeout):
             while True:
                 try:
-                    msg = recv.recv_pyobj(zmq.NOBLOCK)
+                    msgs.append(recv.recv_pyobj(zmq.NOBLOCK))
                 except zmq.Again:
                     break
-                reply = handle_message(scheduler, msg)
-                if reply is not None:
-                    send.send_pyobj(reply)
+        for reply in _lockstep(scheduler, msgs):
+            send.send_pyobj(reply)
         updates = scheduler.step()
         if updates:
             send.send_pyobj(BatchTokenIDOut(updates))
+
+
+_IDLE_BEAT_MS = 1000
+
+
+def _lockstep(scheduler, msgs: List) -> List:
+    """Every rank handles rank 0's messages of this step, in order; the replies (rank 0
+    sends them) as a list."""
+    if scheduler.server_args.tp_size > 1:
+        from sglang.srt.distributed.parallel_state import broadcast_objects
+
+        msgs = broadcast_objects(msgs)
+    replies = [handle_message(scheduler, m) for m in msgs]
+    return [r for r in replies if r is not None]
+
+
+def _follow(scheduler) -> None:
+    """Ranks > 0: take rank 0's messages, step; what they would send is rank 0's too."""
+    while True:
+        _lockstep(scheduler, [])
+        scheduler.step()
 
 
 def handle_message(scheduler, msg):
@@ -106,7 +142,7 @@ def handle_message(scheduler, msg):
         ok = scheduler.flush_cache()
         return FlushCacheOutput(ok, "" if ok else "Cannot flush the cache while requests are running or waiting.")
     if isinstance(msg, GetInternalStateReq):
-        return GetInternalStateOutput(scheduler_info(scheduler))
+        return GetInternalStateOutput(scheduler_info(scheduler, every_rank=True))
     if isinstance(msg, ExpertDistributionReq):
         return handle_expert_distribution_req(msg)
     logger.warning("Unknown message %r", type(msg))
@@ -126,9 +162,11 @@ def queue_full_update(msg: TokenizedGenerateReqInput, limit: int) -> ReqUpdate:
                      prompt_tokens=len(msg.input_ids), cached_tokens=0, completion_tokens=0)
 
 
-def scheduler_info(scheduler) -> dict:
+def scheduler_info(scheduler, every_rank: bool = False) -> dict:
+    """What /server_info shows (rank 0's); with `every_rank` under TP (all ranks call it
+    in lockstep) also each rank's free KV slots, which must agree."""
     cfg = scheduler.runner.config
-    return {
+    info = {
         "max_total_num_tokens": scheduler.allocator.size,
         "available_kv_tokens": scheduler.allocator.available_size(),
         "context_len": scheduler.context_len,
@@ -144,4 +182,10 @@ def scheduler_info(scheduler) -> dict:
         "architectures": getattr(cfg, "architectures", None),
         **scheduler.spec_state(),
         **scheduler.moe_state(),
+        "tp_size": scheduler.server_args.tp_size,
     }
+    if every_rank and scheduler.server_args.tp_size > 1:
+        from sglang.srt.distributed.parallel_state import gather_objects
+
+        info["tp_available_kv_tokens"] = gather_objects(scheduler.allocator.available_size())
+    return info

@@ -21,7 +21,8 @@ class SchedulerStateMixin:
         """Speculative figures for /server_info (avg_spec_accept_length as upstream)."""
         if self.spec is None:
             return {"avg_spec_accept_length": None}
-        per_token = kv_bytes_per_token(self.runner.config, self.runner.kv_dtype)
+        per_token = kv_bytes_per_token(self.runner.config, self.runner.kv_dtype,
+                                       self.runner.tp_size)
         calibration = self.spec_calibration
         return {
             "spec_calibration": calibration.to_dict() if calibration is not None else None,

@@ -15,6 +15,7 @@ from typing import Any, Union
 
 import torch
 
+from sglang.srt.distributed.parallel_state import kv_heads_per_rank
 from sglang.srt.mem_cache.memory_pool import KVPool
 
 
@@ -62,22 +63,29 @@ class MLATokenToKVPool:
             buf[dst] = buf[src]
 
 
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+def _kv_heads(config: Any, tp_size: int) -> int:
+    """KV heads one TP rank keeps (kv_heads_per_rank: split, or one replicated)."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return kv_heads_per_rank(heads, tp_size)
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype, tp_size: int = 1) -> int:
     """KV bytes one token costs in the pool `create_kv_pool` builds for `config`."""
     if is_mla_config(config):
         return MLATokenToKVPool.bytes_per_token(config.num_hidden_layers, config.kv_lora_rank,
                                                 config.qk_rope_head_dim, dtype)
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return KVPool.bytes_per_token(config.num_hidden_layers, heads, head_dim, dtype)
+    return KVPool.bytes_per_token(config.num_hidden_layers, _kv_heads(config, tp_size),
+                                  head_dim, dtype)
 
 
-def create_kv_pool(config: Any, size: int, dtype: torch.dtype,
-                   device: str = "cpu") -> Union[KVPool, MLATokenToKVPool]:
-    """The KV pool a model of `config` needs: the latent pool for MLA, else a KVPool."""
+def create_kv_pool(config: Any, size: int, dtype: torch.dtype, device: str = "cpu",
+                   tp_size: int = 1) -> Union[KVPool, MLATokenToKVPool]:
+    """The KV pool a model of `config` needs on one TP rank: the latent pool for MLA, else a
+    KVPool of the rank's KV heads."""
     if is_mla_config(config):
         return MLATokenToKVPool(size, config.num_hidden_layers, config.kv_lora_rank,
                                 config.qk_rope_head_dim, dtype, device)
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return KVPool(size, config.num_hidden_layers, heads, head_dim, dtype, device)
+    return KVPool(size, config.num_hidden_layers, _kv_heads(config, tp_size), head_dim, dtype,
+                  device)

@@ -20,6 +20,7 @@ from sglang.srt.expert_offload.config import OffloadConfig
 from sglang.srt.expert_offload.prefetcher import ExpertPrefetcher
 from sglang.srt.expert_offload.store import ExpertStore
 from sglang.srt.mem_cache.memory_pool import TokenSlotAllocator
+from sglang.srt.distributed.parallel_state import kv_heads_per_rank, min_over_ranks, tp_group
 from sglang.srt.mem_cache.mla_pool import create_kv_pool, kv_bytes_per_token  # MLA-aware
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.server_args import ServerArgs
@@ -79,7 +80,7 @@ class ModelRunner:
 
         self.server_args = server_args
         self.model_path = model_path or server_args.model_path
-        self.device = server_args.device
+        self.device = server_args.torch_device(tp_group().rank)
         t0 = time.perf_counter()
         # MoE experts beyond the fast tier's slots stay in the checkpoint file
         offload = OffloadConfig.from_server_args(server_args)
@@ -97,12 +98,18 @@ class ModelRunner:
         self.context_len = max_context_len or server_args.context_length or getattr(
             cfg, "max_position_embeddings", 4096)
         self.num_layers = cfg.num_hidden_layers
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.tp_size = tp_group().size
+        # this TP rank's KV heads (all of them at one rank)
+        self.num_kv_heads = kv_heads_per_rank(
+            getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, self.tp_size)
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_dtype = self.dtype
-        self.max_total_num_tokens = max_total_tokens or self._profile_max_tokens(max_running_requests)
+        # TP ranks schedule alike only with pools alike: the smallest rank's size for all
+        self.max_total_num_tokens = min_over_ranks(
+            max_total_tokens or self._profile_max_tokens(max_running_requests))
         # MLA: DeepSeek-V2/V3 get a pool of compressed latents, others a KVPool.
-        self.kv_pool = create_kv_pool(cfg, self.max_total_num_tokens, self.kv_dtype, self.device)
+        self.kv_pool = create_kv_pool(cfg, self.max_total_num_tokens, self.kv_dtype, self.device,
+                                      self.tp_size)
         self.allocator = TokenSlotAllocator(self.max_total_num_tokens, self.device)
         self.attn_backend = create_attention_backend(server_args.attention_backend)
         logger.info("Loaded %s (%s) in %.1fs; KV pool %d tokens", self.model_path, self.dtype,
@@ -111,7 +118,7 @@ class ModelRunner:
     def _profile_max_tokens(self, max_running_requests: int) -> int:
         if self.server_args.max_total_tokens:
             return self.server_args.max_total_tokens
-        per_token = kv_bytes_per_token(self.config, self.kv_dtype)
+        per_token = kv_bytes_per_token(self.config, self.kv_dtype, self.tp_size)
         by_ram = kv_pool_bytes(self.device, self.server_args.mem_fraction_static,
                                *device_memory(self.device)) // per_token
         # No use for more slots than every running request filling its context.

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
+from sglang.srt.distributed.parallel_state import tp_group
 from sglang.srt.expert_offload.attach import attach_expert_store
 from sglang.srt.expert_offload.config import OffloadConfig
 from sglang.srt.model_loader.gguf_loader import GGUFFile, gguf_config, iter_hf_weights
@@ -98,6 +99,10 @@ def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
     config = gguf_config(gguf_file) if gguf_file is not None else load_config(model_path)
     torch_dtype = resolve_dtype(dtype, config, gguf_file is not None, device)
     model_class = get_model_class(getattr(config, "architectures", None) or [])
+    if tp_group().size > 1 and not getattr(model_class, "supports_tensor_parallel", False):
+        raise ValueError(f"--tp-size {tp_group().size}: {model_class.__name__} does not run "
+                         "tensor-parallel on this fork yet (Llama, Qwen2 and Mistral do); use "
+                         "--tp-size 1")
     offloads = slots is not None and issubclass(model_class, MoECausalLM)
     with torch.device("meta"), _default_dtype(torch_dtype):
         model = model_class(config, expert_cache_slots=slots) if offloads else model_class(config)

@@ -18,10 +18,11 @@ from transformers import PretrainedConfig
 
 from sglang.srt.layers.attention.radix_attention import RadixAttention
 from sglang.srt.layers.layernorm import RMSNorm
-# Linear: nn.Linear whose CPU forward uses sgl_kernel's small-row kernel (one weight read
-# per call whatever the row count: decode, verify trees and small chunks cost alike).
-from sglang.srt.layers.linear import Linear
 from sglang.srt.layers.mlp import GatedMLP
+# Linears split over the TP ranks (plain Linear at one rank), whose CPU forward uses
+# sgl_kernel's small-row kernel: decode, verify trees and small chunks cost alike.
+from sglang.srt.layers.parallel_linear import (ParallelLMHead, QKVParallelLinear,
+                                               RowParallelLinear, VocabParallelEmbedding)
 from sglang.srt.layers.rotary_embedding import (
     RotaryEmbedding,
     apply_rotary,
@@ -45,13 +46,16 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_id: int, qkv_bias: bool, o_bias: bool,
                  sliding_window: Optional[int] = None) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        heads = config.num_attention_heads
         self.head_dim = head_dim_of(config)
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, heads,
+                                          getattr(config, "num_key_value_heads", None) or heads,
+                                          bias=qkv_bias)
+        # this rank's heads (all of them at one rank)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.o_proj = RowParallelLinear(heads * self.head_dim, config.hidden_size, bias=o_bias)
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5,
                                    self.num_kv_heads, layer_id, sliding_window=sliding_window)
 
@@ -95,7 +99,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig, qkv_bias: bool, o_bias: bool,
                  sliding_window: Optional[int] = None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, qkv_bias, o_bias, sliding_window)
             for i in range(config.num_hidden_layers)
@@ -124,12 +128,14 @@ _FUSED_RE = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.")
 
 
 class LlamaForCausalLM(nn.Module):
+    supports_tensor_parallel = True  # heads, FFN and vocabulary split (parallel_linear.py)
+
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.config = config
         qkv_bias, o_bias = self.attention_biases(config)
         self.model = LlamaModel(config, qkv_bias, o_bias, self.sliding_window(config))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -155,16 +161,6 @@ class LlamaForCausalLM(nn.Module):
 
     # ---- weights -------------------------------------------------------------------------
 
-    def _shard_rows(self, fused: str, shard: int, layer: nn.Module) -> Tuple[int, int]:
-        if fused == "qkv_proj":
-            attn = layer.self_attn
-            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:
-            inter = layer.mlp.down_proj.in_features
-            sizes = [inter, inter]
-        start = sum(sizes[:shard])
-        return start, start + sizes[shard]
-
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the (fused) parameters; raise on unknown or missing names."""
         if self.tie_word_embeddings:
@@ -187,19 +183,14 @@ class LlamaForCausalLM(nn.Module):
                     continue
                 saw_lm_head = True
             m = _FUSED_RE.search(name)
-            if m is None:
-                if name not in params:
-                    raise KeyError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-                _copy(params[name], tensor, name)
-                pending.discard((name, 0))
-                continue
-            fused, shard = _FUSED[m.group(1)]
-            target = name.replace(m.group(1), fused)
+            target, shard = name, 0
+            if m is not None:
+                fused, shard = _FUSED[m.group(1)]
+                target = name.replace(m.group(1), fused)
             if target not in params:
                 raise KeyError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-            layer = self.model.layers[int(name.split(".")[2])]
-            lo, hi = self._shard_rows(fused, shard, layer)
-            _copy(params[target].data[lo:hi], tensor, name)
+            owner, leaf = target.rsplit(".", 1)
+            load_into(self.get_submodule(owner), leaf, params[target], tensor, shard, name)
             pending.discard((target, shard))
         if not saw_lm_head and not self.tie_word_embeddings:
             # Checkpoints without lm_head share the embedding matrix.
@@ -208,6 +199,19 @@ class LlamaForCausalLM(nn.Module):
         if pending:
             missing = sorted({n for n, _ in pending})
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+
+
+def load_into(module: nn.Module, leaf: str, param: torch.Tensor, tensor: torch.Tensor,
+              shard: int, name: str) -> None:
+    """A whole checkpoint tensor into `module.leaf`: a parallel layer takes its own shard
+    (and part of a fused projection), any other parameter is copied whole."""
+    if hasattr(module, "load_shard"):
+        try:
+            module.load_shard(leaf, tensor, shard)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+        return
+    _copy(param, tensor, name)
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:

@@ -15,8 +15,13 @@ def configure_child_logging(level: str, name: str) -> None:
 
 
 def watch_parent(interval: float = 1.0) -> None:
-    """Exit when the parent process is gone, so no orphan keeps a model in memory."""
+    """Exit when the parent process is gone, so no orphan keeps a model in memory; and
+    leave SIGINT / SIGTERM to the parent: a signal to the whole process group (Ctrl-C, the
+    router's launch_server stopping its replicas) must not kill a child under a server that
+    is still draining its requests. The parent stops its children (kill_process_tree)."""
     parent = os.getppid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def loop() -> None:
         while True:
@@ -28,12 +33,9 @@ def watch_parent(interval: float = 1.0) -> None:
 
 
 def kill_process_tree(procs) -> None:
+    """Stop the children (SIGKILL: they ignore SIGTERM, see watch_parent)."""
     for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.time() + 5
-    for p in procs:
-        p.join(timeout=max(0.0, deadline - time.time()))
         if p.is_alive():
             p.kill()
-            p.join(timeout=1)
+    for p in procs:
+        p.join(timeout=5)

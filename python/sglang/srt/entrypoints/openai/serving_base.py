@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 _ERR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-              500: "InternalServerError", 503: "ServiceUnavailableError"}
+              413: "RequestTooLargeError", 500: "InternalServerError",
+              503: "ServiceUnavailableError"}
 
 
 class ClientDisconnected(Exception):

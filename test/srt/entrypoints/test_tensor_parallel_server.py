@@ -1,0 +1,74 @@
+"""`--tp-size 2` serves for real: two scheduler processes (gloo on CPU, one thread each) in
+lockstep behind one HTTP front give the one-rank server's greedy tokens, their pools agree
+and are free after a flush; a dead rank takes the server down with a clear error; the
+ranks may live in two "nodes" (--nnodes 2 --node-rank, --dist-init-addr)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow  # server processes
+
+PROMPTS = ["The capital of France is", "Article 5: the supplier shall", "Once upon a time"]
+_PYTHON_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
+
+
+def _greedy(srv, n: int = 24):
+    out = []
+    for p in PROMPTS:
+        resp = srv.post("/generate", json={"text": p, "sampling_params": {
+            "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+        assert resp.status_code == 200, resp.text
+        out.append(resp.json()["output_ids"] if "output_ids" in resp.json() else resp.json()["text"])
+    return out
+
+
+def _ranks(srv):
+    return [p for p in psutil.Process(srv.proc.pid).children()
+            if "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def test_tp2_server_gives_the_one_rank_tokens(server, start_server, tiny_llama_dir):
+    tp2 = start_server(tiny_llama_dir, ["--context-length", "256", "--max-total-tokens", "4096",
+                                        "--tp-size", "2"])
+    assert _greedy(tp2) == _greedy(server)
+    tp2.assert_all_slots_free()
+    st = tp2.internal_state()
+    assert st["tp_size"] == 2
+    assert st["tp_available_kv_tokens"] == [st["max_total_num_tokens"]] * 2, st
+    # a dead rank takes the server down, saying which
+    rank0, rank1, detokenizer = sorted(_ranks(tp2), key=lambda p: p.pid)  # started in order
+    rank1.send_signal(signal.SIGKILL)
+    assert tp2.proc.wait(60) == 1
+    assert "sglang-scheduler-tp1 process died" in tp2.log()
+
+
+def test_two_nodes_share_one_tp_group(server, start_server, tiny_llama_dir, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = ["--model-path", tiny_llama_dir, "--dtype", "float32", "--context-length", "256",
+              "--max-total-tokens", "4096", "--tp-size", "2", "--nnodes", "2",
+              "--dist-init-addr", f"127.0.0.1:{port}"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = _PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
+    log = open(tmp_path / "node1.log", "w")
+    node1 = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *common,
+                              "--node-rank", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        node0 = start_server(tiny_llama_dir, common[4:] + ["--node-rank", "0"])
+        assert _greedy(node0) == _greedy(server)
+        node0.assert_all_slots_free()
+        node0.stop()
+        assert node1.wait(60) == 1  # its peer rank went away: it says so and exits
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+        log.close()
