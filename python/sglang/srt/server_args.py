@@ -142,6 +142,7 @@ class ServerArgs:
     # branches whose predicted expert loads cost more time than their expected tokens bring.
     moe_prefetch_prune_tree: bool = False
     tp_size: int = 1
+    ep_size: int = 1  # 1: experts split by TP; = tp_size: whole experts per rank
     # Several machines: the address rank 0 listens on for torch.distributed (host:port), how
     # many nodes share the TP group and which one this is (ranks are split evenly).
     dist_init_addr: Optional[str] = None
@@ -281,6 +282,7 @@ class ServerArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         aliases = {"model_path": ["--model"], "tp_size": ["--tensor-parallel-size"],
+                   "ep_size": ["--expert-parallel-size"],
                    "speculative_draft_model_path": ["--speculative-draft-model"]}
         for field in dataclasses.fields(ServerArgs):
             flag = "--" + field.name.replace("_", "-")

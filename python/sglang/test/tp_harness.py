@@ -48,12 +48,14 @@ def vocab_layers_error(vocab: int = 101, hidden: int = 8) -> float:
     return max(err, (head(x) - x @ table.T).abs().max().item())
 
 
-def _rank_main(rank: int, size: int, port: int, job: Callable[[], Any], out) -> None:
+def _rank_main(rank: int, size: int, port: int, job: Callable[[], Any], out,
+               ep_size: int) -> None:
     torch.set_num_threads(1)
     from sglang.srt.distributed.parallel_state import (destroy_tensor_parallel,
                                                        init_tensor_parallel)
 
-    init_tensor_parallel(rank, size, f"tcp://127.0.0.1:{port}", backend="gloo")
+    init_tensor_parallel(rank, size, f"tcp://127.0.0.1:{port}", backend="gloo",
+                         ep_size=ep_size)
     try:
         # as bytes: a tensor put on a torch queue lives in the sender's shared memory, which
         # is gone once the rank exits
@@ -62,13 +64,15 @@ def _rank_main(rank: int, size: int, port: int, job: Callable[[], Any], out) -> 
         destroy_tensor_parallel()
 
 
-def run_ranks(job: Callable[[], Any], size: int = 2, timeout_s: float = 300) -> List[Any]:
+def run_ranks(job: Callable[[], Any], size: int = 2, timeout_s: float = 300,
+              ep_size: int = 1) -> List[Any]:
     """job() on `size` TP ranks (a picklable callable, e.g. functools.partial of a module
     function); the results in rank order. Raises if a rank dies or the run times out."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, size, port, job, out)) for r in range(size)]
+    procs = [ctx.Process(target=_rank_main, args=(r, size, port, job, out, ep_size))
+             for r in range(size)]
     for p in procs:
         p.start()
     got: Dict[int, Any] = {}

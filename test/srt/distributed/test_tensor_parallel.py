@@ -1,8 +1,10 @@
 """Tensor parallelism at the model: two real torch.distributed processes (gloo on CPU, one
 thread each) hold half the heads, half the FFN and half the vocabulary each, and their
 logits and greedy tokens equal the one-process model's (float32) on tiny random Llama,
-Qwen2 (q/k/v bias, tied embeddings), Mistral (explicit head_dim) and a GQA model with fewer
-KV heads than ranks (each rank keeps one, replicated). The pools are free afterwards."""
+Qwen2 (q/k/v bias, tied embeddings), Mistral (explicit head_dim), a GQA model with fewer
+KV heads than ranks (each rank keeps one, replicated), and the MoE models Mixtral,
+Qwen2-MoE (shared expert, dense layers) and Qwen3-MoE (q/k norms) with every expert split
+(EP 1) or half the experts whole on each rank (EP 2). The pools are free afterwards."""
 
 from __future__ import annotations
 
@@ -39,4 +41,23 @@ def test_tp2_equals_tp1_on_dense_models(folders):
             err = ((ours["logits"] - ref["logits"]).abs().max() / ref["logits"].abs().max()).item()
             assert err < 1e-5, (f, rank, err)
             assert ours["tokens"] == ref["tokens"], (f, rank)
+            assert ours["free"], (f, rank)
+
+
+@pytest.fixture(scope="module")
+def moe_folders(tiny_moe_dir) -> List[str]:
+    return [tiny_moe_dir(arch) for arch in ("mixtral", "qwen2_moe", "qwen3_moe")]
+
+
+@pytest.mark.parametrize("ep_size", [1, 2])
+def test_tp2_equals_tp1_on_moe_models(moe_folders, ep_size):
+    torch.set_num_threads(1)
+    reference = {f: greedy_run(f, PROMPTS, NEW_TOKENS) for f in moe_folders}
+    job = functools.partial(dense_checks, moe_folders, PROMPTS, NEW_TOKENS)
+    for rank, got in enumerate(run_ranks(job, ep_size=ep_size)):
+        for f in moe_folders:
+            ours, ref = got[f], reference[f]
+            err = ((ours["logits"] - ref["logits"]).abs().max() / ref["logits"].abs().max()).item()
+            assert err < 1e-5, (f, rank, ep_size, err)
+            assert ours["tokens"] == ref["tokens"], (f, rank, ep_size)
             assert ours["free"], (f, rank)

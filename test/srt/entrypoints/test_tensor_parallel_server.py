@@ -26,7 +26,7 @@ def _greedy(srv, n: int = 24):
         resp = srv.post("/generate", json={"text": p, "sampling_params": {
             "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
         assert resp.status_code == 200, resp.text
-        out.append(resp.json()["output_ids"] if "output_ids" in resp.json() else resp.json()["text"])
+        out.append(resp.json()["output_ids"])
     return out
 
 
@@ -72,3 +72,25 @@ def test_two_nodes_share_one_tp_group(server, start_server, tiny_llama_dir, tmp_
         if node1.poll() is None:
             node1.kill()
         log.close()
+
+
+def test_moe_server_with_expert_parallelism_gives_the_one_rank_tokens(start_server,
+                                                                      tiny_moe_dir):
+    """Mixtral with --tp-size 2 --ep-size 2 (four whole experts per rank) through the whole
+    server: the tokens of the one-process model, token for token (float32)."""
+    import torch
+
+    from sglang.test.harness import TinyRunner
+
+    folder = tiny_moe_dir("mixtral")
+    prompts = [[1, 504, 3458, 282, 4649, 314], [1, 9591, 2337, 253, 655, 28, 281]]
+    torch.set_num_threads(1)
+    want = TinyRunner(folder).generate_greedy(prompts, 16)
+    srv = start_server(folder, ["--tp-size", "2", "--ep-size", "2", "--max-total-tokens",
+                                "4096", "--skip-server-warmup"])
+    for ids, expected in zip(prompts, want):
+        resp = srv.post("/generate", json={"input_ids": ids, "sampling_params": {
+            "max_new_tokens": 16, "temperature": 0, "ignore_eos": True}})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["output_ids"] == expected
+    srv.assert_all_slots_free()

@@ -20,6 +20,9 @@ class TPGroup:
     rank: int = 0
     size: int = 1
     group: Any = None  # the torch.distributed process group (None when size == 1)
+    # Expert parallelism within the TP group (1 or size): each rank owns E / ep_size whole
+    # experts instead of a 1 / size slice of every expert.
+    ep_size: int = 1
 
     @property
     def is_first(self) -> bool:
@@ -33,11 +36,14 @@ def tp_group() -> TPGroup:
     return _TP
 
 
-def init_tensor_parallel(rank: int, size: int, init_method: str,
-                         backend: Optional[str] = None, timeout_s: float = 600) -> TPGroup:
+def init_tensor_parallel(rank: int, size: int, init_method: Optional[str],
+                         backend: Optional[str] = None, timeout_s: float = 600,
+                         ep_size: int = 1) -> TPGroup:
     """Join the TP group (blocks until all `size` ranks joined). `init_method` is a
     torch.distributed URL, e.g. tcp://127.0.0.1:29500."""
     global _TP
+    if ep_size not in (1, size):
+        raise ValueError(f"--ep-size {ep_size} must be 1 or --tp-size ({size})")
     if size == 1:
         _TP = TPGroup()
         return _TP
@@ -47,7 +53,7 @@ def init_tensor_parallel(rank: int, size: int, init_method: str,
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    _TP = TPGroup(rank, size, dist.group.WORLD)
+    _TP = TPGroup(rank, size, dist.group.WORLD, ep_size)
     return _TP
 
 

@@ -68,7 +68,7 @@ def run_scheduler_process(server_args, addrs: PortArgs, ready_pipe, tp_rank: int
         # the ranks of one machine share its cores
         torch.set_num_threads(server_args.num_threads or max(1, (os.cpu_count() or 1) // tp))
         if tp > 1:
-            init_tensor_parallel(tp_rank, tp, dist_init)
+            init_tensor_parallel(tp_rank, tp, dist_init, ep_size=server_args.ep_size)
         tokenizer = None if server_args.skip_tokenizer_init else load_tokenizer(server_args.tokenizer_path)
         ready_pipe.send({"tokenizer": shareable(tokenizer) if tp_rank == 0 else None})
         scheduler = Scheduler(server_args, tokenizer=tokenizer)

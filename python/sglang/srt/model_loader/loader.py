@@ -101,7 +101,8 @@ def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
     model_class = get_model_class(getattr(config, "architectures", None) or [])
     if tp_group().size > 1 and not getattr(model_class, "supports_tensor_parallel", False):
         raise ValueError(f"--tp-size {tp_group().size}: {model_class.__name__} does not run "
-                         "tensor-parallel on this fork yet (Llama, Qwen2 and Mistral do); use "
+                         "tensor-parallel on this fork yet (Llama, Qwen2, Mistral, Mixtral and "
+                         "Qwen2/3-MoE do); use "
                          "--tp-size 1")
     offloads = slots is not None and issubclass(model_class, MoECausalLM)
     with torch.device("meta"), _default_dtype(torch_dtype):

@@ -129,6 +129,7 @@ class DeepseekV2MLA(nn.Module):
 
 class DeepseekV2ForCausalLM(MoECausalLM):
     interleaved_rope = True
+    supports_tensor_parallel = False  # MLA's heads are not split yet
 
     def make_rotary(self, config: PretrainedConfig) -> nn.Module:
         return DeepseekRotary(config)

@@ -24,7 +24,8 @@ from sglang.srt.layers.moe.experts import EXPERT_LEAVES, MoEExperts, SparseMoeBl
 from sglang.srt.layers.moe.hooks import NO_HOOKS, ExpertSlots, MoEHooks
 from sglang.srt.layers.moe.recorder import get_expert_recorder
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding, rope_parameters_from_config
-from sglang.srt.models.llama import LlamaAttention, LlamaMLP, _copy, head_dim_of
+from sglang.srt.layers.parallel_linear import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.models.llama import LlamaAttention, LlamaMLP, head_dim_of, load_into
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch import ForwardBatch
@@ -64,7 +65,7 @@ class MoEDecoderLayer(nn.Module):
 class MoEModel(nn.Module):
     def __init__(self, config: PretrainedConfig, layers: Iterable[nn.Module], rotary: nn.Module) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = rotary
@@ -81,6 +82,8 @@ class MoEModel(nn.Module):
 
 class MoECausalLM(nn.Module):
     mlp_name = "mlp"  # the decoder layer's attribute (and checkpoint) name for its FFN
+    # attention heads, dense FFNs, experts (sliced or whole with EP) and vocabulary split
+    supports_tensor_parallel = True
 
     def __init__(self, config: PretrainedConfig, expert_cache_slots: Optional[int] = None) -> None:
         super().__init__()
@@ -92,7 +95,7 @@ class MoECausalLM(nn.Module):
         for i, layer in enumerate(layers):
             layer.layer_id = i
         self.model = MoEModel(config, layers, self.make_rotary(config))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -186,7 +189,8 @@ class MoECausalLM(nn.Module):
                 experts.load_expert(int(m.group(2)), m.group(3), name, tensor)
                 continue
             if name in params:
-                _copy(params[name], tensor, name)
+                owner, leaf = name.rsplit(".", 1)
+                load_into(self.get_submodule(owner), leaf, params[name], tensor, 0, name)
                 pending.discard((name, 0))
                 continue
             path, child, leaf = (name.rsplit(".", 2) + ["", ""])[:3]
@@ -198,7 +202,8 @@ class MoECausalLM(nn.Module):
             target = f"{path}.{fused[0]}.{leaf}" if fused else None
             if target not in params:
                 raise KeyError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-            _copy(params[target].data[fused[1] : fused[2]], tensor, name)
+            load_into(self.get_submodule(f"{path}.{fused[0]}"), leaf, params[target], tensor,
+                      fused[3], name)
             pending.discard((target, fused[3]))
         if not saw_lm_head and not self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

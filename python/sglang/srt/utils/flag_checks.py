@@ -84,6 +84,9 @@ def check_parallel_flags(args: Any) -> None:
     """Tensor parallelism in this process group; data parallelism through the router."""
     if args.tp_size < 1:
         raise ValueError(f"--tp-size must be at least 1, got {args.tp_size}")
+    if args.ep_size not in (1, args.tp_size):
+        raise ValueError(f"--ep-size {args.ep_size} must be 1 (experts split by TP) or equal "
+                         f"to --tp-size {args.tp_size} (each rank owns whole experts)")
     if args.tp_size > 1 and args.speculative_algorithm:
         raise ValueError("--speculative-algorithm with --tp-size > 1 is not supported on this "
                          "fork yet: use --tp-size 1, or drop --speculative-algorithm")

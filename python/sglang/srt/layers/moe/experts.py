@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.distributed.parallel_state import all_reduce, divide, tp_group
 from sglang.srt.layers.linear import linear
 from sglang.srt.layers.mlp import GatedMLP
 from sglang.srt.layers.moe.recorder import get_expert_recorder
@@ -65,13 +66,30 @@ def combine(out: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> tor
 
 
 class MoEExperts(nn.Module):
+    """Under tensor parallelism each rank holds a 1 / tp slice of every expert's
+    intermediate features (--ep-size 1) or E / ep whole experts (--ep-size = --tp-size);
+    either way its output is a partial sum, all-reduced here. Tokens are already on every
+    rank (attention is TP, not DP), so EP needs no dispatch: each rank runs its experts'
+    pairs and the all-reduce combines them (all-to-all pays when tokens are split)."""
+
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
                  layer_id: int, num_slots: Optional[int] = None) -> None:
         super().__init__()
+        tp = tp_group()
+        if tp.size > 1 and num_slots is not None:
+            raise ValueError("--moe-expert-cache-slots with --tp-size > 1 is not supported yet")
         self.num_experts = num_experts
         self.layer_id = layer_id
-        self.intermediate_size = intermediate_size
-        slots = num_experts if num_slots is None else min(num_slots, num_experts)
+        self.tp_size = tp.size
+        self.ep_size = tp.ep_size if tp.size > 1 else 1
+        # this rank's experts [first_expert, first_expert + local) (all of them without EP)
+        self.num_local_experts = divide(num_experts, self.ep_size, "number of experts")
+        self.first_expert = tp.rank * self.num_local_experts if self.ep_size > 1 else 0
+        self.full_intermediate = intermediate_size
+        self.intermediate_size = (intermediate_size if self.ep_size > 1 else
+                                  divide(intermediate_size, tp.size, "expert width"))
+        intermediate_size = self.intermediate_size
+        slots = self.num_local_experts if num_slots is None else min(num_slots, num_experts)
         self.w13 = nn.Parameter(torch.empty(slots, 2 * intermediate_size, hidden_size))
         self.w2 = nn.Parameter(torch.empty(slots, hidden_size, intermediate_size))
         self.store_backed = num_slots is not None
@@ -86,10 +104,14 @@ class MoEExperts(nn.Module):
         if not 0 <= expert < self.num_experts:
             raise KeyError(f"{name}: expert {expert} out of range for {self.num_experts} experts")
         self.expert_keys.setdefault(expert, [None, None, None])[which] = name
-        if self.store_backed:
-            return
+        local = expert - self.first_expert
+        if self.store_backed or not 0 <= local < self.num_local_experts:
+            return  # read from the file by the store / another rank's expert
         inter = self.intermediate_size
-        dst = (self.w13[expert, :inter], self.w13[expert, inter:], self.w2[expert])[which]
+        if self.tp_size > 1 and self.ep_size == 1:  # this rank's slice of the expert's width
+            cut = slice(tp_group().rank * inter, (tp_group().rank + 1) * inter)
+            tensor = tensor[:, cut] if which == 2 else tensor[cut]
+        dst = (self.w13[local, :inter], self.w13[local, inter:], self.w2[local])[which]
         if tuple(dst.shape) != tuple(tensor.shape):
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(dst.shape)}")
         with torch.no_grad():
@@ -107,13 +129,18 @@ class MoEExperts(nn.Module):
 
     def forward(self, hidden: torch.Tensor, routing: RoutingResult) -> torch.Tensor:
         ids = routing.topk_ids  # [T, k]
-        out = hidden.new_empty((*ids.shape, hidden.shape[-1]))  # [T, k, H]
+        if self.ep_size > 1:  # other ranks' experts: no pair here (zeros in the sum)
+            local = ids - self.first_expert
+            ids = local.masked_fill((local < 0) | (local >= self.num_local_experts), -1)
+            out = hidden.new_zeros((*ids.shape, hidden.shape[-1]))
+        else:
+            out = hidden.new_empty((*ids.shape, hidden.shape[-1]))  # [T, k, H]
         if self.store is None:
             assert not self.store_backed, "store-backed experts used before attach_expert_store"
             experts_forward_into(hidden, self.w13, self.w2, ids, out)
         else:
             self._forward_with_store(hidden, ids, out)
-        return combine(out, routing.topk_weights, hidden.dtype)
+        return all_reduce(combine(out, routing.topk_weights, hidden.dtype))
 
     def _forward_with_store(self, hidden: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
         store, layer = self.store, self.layer_id
