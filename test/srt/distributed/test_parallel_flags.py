@@ -13,7 +13,6 @@ from sglang.srt.server_args import ServerArgs, prepare_server_args
 
 @pytest.mark.parametrize("flags, message", [
     (dict(tp_size=2, ep_size=3), "--ep-size 3 must be 1"),
-    (dict(tp_size=2, speculative_algorithm="NGRAM"), "not supported on this fork yet"),
     (dict(tp_size=2, nnodes=2), "--dist-init-addr HOST:PORT"),
     (dict(tp_size=3, nnodes=2, dist_init_addr="h:1"), "must be a multiple of --nnodes"),
     (dict(nnodes=2, node_rank=2, tp_size=2, dist_init_addr="h:1"), "--node-rank must be in"),

@@ -50,6 +50,28 @@ def test_tp2_server_gives_the_one_rank_tokens(server, start_server, tiny_llama_d
     assert "sglang-scheduler-tp1 process died" in tp2.log()
 
 
+@pytest.mark.parametrize("spec", [
+    ["--speculative-algorithm", "NGRAM", "--speculative-calibrate-seconds", "2"],
+    ["--speculative-algorithm", "STANDALONE", "--speculative-num-steps", "3",
+     "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6",
+     "--speculative-calibrate-seconds", "0"],
+], ids=["ngram", "standalone"])
+def test_tp2_speculation_keeps_the_plain_tokens(spec, server, start_server, tiny_llama_dir,
+                                               tiny_qwen2_dir):
+    """Speculation under TP: the draft model whole on every rank, the cost model and the
+    calibration fed rank 0's timings, so every rank verifies the same trees; greedy output
+    is plain greedy's, and the pools (target and draft) are free on every rank after."""
+    if "STANDALONE" in spec:
+        spec = spec + ["--speculative-draft-model-path", tiny_qwen2_dir]
+    srv = start_server(tiny_llama_dir, ["--context-length", "256", "--max-total-tokens", "4096",
+                                        "--tp-size", "2", *spec])
+    assert _greedy(srv) == _greedy(server)
+    srv.assert_all_slots_free()
+    st = srv.internal_state()
+    assert st["tp_available_kv_tokens"] == [st["max_total_num_tokens"]] * 2, st
+    assert st["avg_spec_accept_length"] is not None
+
+
 def test_two_nodes_share_one_tp_group(server, start_server, tiny_llama_dir, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

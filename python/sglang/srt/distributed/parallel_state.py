@@ -8,8 +8,9 @@ single-device path pays nothing and needs no process group.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,8 @@ class TPGroup:
     # Expert parallelism within the TP group (1 or size): each rank owns E / ep_size whole
     # experts instead of a 1 / size slice of every expert.
     ep_size: int = 1
+    # The process's own rank even inside `replicated()` (which device it uses)
+    device_rank: int = 0
 
     @property
     def is_first(self) -> bool:
@@ -53,8 +56,33 @@ def init_tensor_parallel(rank: int, size: int, init_method: Optional[str],
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    _TP = TPGroup(rank, size, dist.group.WORLD, ep_size)
+    _TP = TPGroup(rank, size, dist.group.WORLD, ep_size, device_rank=rank)
     return _TP
+
+
+@contextlib.contextmanager
+def replicated() -> Iterator[None]:
+    """Build a model whole on every rank (the draft model under TP): inside, the group looks
+    like one rank (layers built here keep every head and run no collective), except for the
+    device the process uses."""
+    global _TP
+    outer = _TP
+    _TP = TPGroup(device_rank=outer.device_rank)
+    try:
+        yield
+    finally:
+        _TP = outer
+
+
+def rank0_value(x: float) -> float:
+    """Rank 0's value of a measurement (a step's seconds) on every rank: decisions taken on
+    timings (the cost model, the fallback, calibration) are then the same on all ranks,
+    which must step alike."""
+    if _TP.size == 1:
+        return x
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.broadcast(t, src=0, group=_TP.group)
+    return float(t.item())
 
 
 def destroy_tensor_parallel() -> None:

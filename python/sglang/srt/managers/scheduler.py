@@ -17,6 +17,7 @@ from typing import Deque, Dict, List, Optional
 import torch
 
 from sglang.srt.constrained.grammar_backend import GrammarBackend, grammar_key
+from sglang.srt.distributed.parallel_state import rank0_value
 from sglang.srt.layers.moe.recorder import get_expert_recorder
 from sglang.srt.managers.io_struct import ReqUpdate, TokenizedGenerateReqInput
 from sglang.srt.managers.output_processor import OutputProcessor
@@ -204,7 +205,8 @@ class Scheduler(SchedulerStateMixin):
                                            self.outputs)
             self._postprocess(plan, self.runner.forward(fb), rows)
         self.hooks.after_forward(plan)  # acceptance, draft catch-up, cost model
-        self.hooks.after_step(plan, time.perf_counter() - t0)  # gates time the whole step
+        # gates time the whole step (rank 0's time on every TP rank)
+        self.hooks.after_step(plan, rank0_value(time.perf_counter() - t0))
         return updates + self._finish(plan)
 
     def _finish(self, plan: StepPlan) -> List[ReqUpdate]:

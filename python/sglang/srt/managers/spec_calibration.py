@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from sglang.srt.distributed.parallel_state import rank0_value
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative.budget_policy import FixedBudget
@@ -79,7 +80,7 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
             if bs * (PROMPT_TOKENS + new_tokens + spec.max_tree_nodes) > scheduler.allocator.size:
                 report.stopped = f"KV pool too small for {bs} calibration requests"
                 break
-            spent = time.perf_counter() - start
+            spent = rank0_value(time.perf_counter() - start)  # TP ranks decide alike
             # a batch costs at most about its size times the last one's per request (the
             # CPU is compute-bound; on a GPU it is far less)
             if spent + per_request * bs > seconds:
@@ -87,7 +88,7 @@ def calibrate(scheduler, seconds: float) -> Optional[CalibrationReport]:
                 break
             t0 = time.perf_counter()
             _run_batch(scheduler, bs, gen, (low, high), new_tokens)
-            per_request = (time.perf_counter() - t0) / bs
+            per_request = rank0_value(time.perf_counter() - t0) / bs
             report.batch_sizes.append(bs)
             rates = [spec.rate_prior] * bs
             if model.rules_out_speculation(rates, spec.depth_of):

@@ -80,7 +80,7 @@ class ModelRunner:
 
         self.server_args = server_args
         self.model_path = model_path or server_args.model_path
-        self.device = server_args.torch_device(tp_group().rank)
+        self.device = server_args.torch_device(tp_group().device_rank)
         t0 = time.perf_counter()
         # MoE experts beyond the fast tier's slots stay in the checkpoint file
         offload = OffloadConfig.from_server_args(server_args)

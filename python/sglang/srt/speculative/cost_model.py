@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from sglang.srt.distributed.parallel_state import rank0_value
 from sglang.srt.speculative.controller import expected_tokens
 from sglang.srt.utils.stats import WindowedMin, batch_bucket
 
@@ -252,4 +253,4 @@ class StepTimer:
         self.start = time.perf_counter()
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        return rank0_value(time.perf_counter() - self.start)  # alike on every TP rank

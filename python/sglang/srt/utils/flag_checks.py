@@ -87,9 +87,6 @@ def check_parallel_flags(args: Any) -> None:
     if args.ep_size not in (1, args.tp_size):
         raise ValueError(f"--ep-size {args.ep_size} must be 1 (experts split by TP) or equal "
                          f"to --tp-size {args.tp_size} (each rank owns whole experts)")
-    if args.tp_size > 1 and args.speculative_algorithm:
-        raise ValueError("--speculative-algorithm with --tp-size > 1 is not supported on this "
-                         "fork yet: use --tp-size 1, or drop --speculative-algorithm")
     if args.tp_size > 1 and args.moe_expert_cache_slots is not None:
         raise ValueError("--moe-expert-cache-slots with --tp-size > 1 is not supported on this "
                          "fork yet: use --tp-size 1")

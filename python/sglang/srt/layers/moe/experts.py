@@ -140,7 +140,8 @@ class MoEExperts(nn.Module):
             experts_forward_into(hidden, self.w13, self.w2, ids, out)
         else:
             self._forward_with_store(hidden, ids, out)
-        return all_reduce(combine(out, routing.topk_weights, hidden.dtype))
+        out = combine(out, routing.topk_weights, hidden.dtype)
+        return all_reduce(out) if self.tp_size > 1 else out  # partial sums under TP
 
     def _forward_with_store(self, hidden: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
         store, layer = self.store, self.layer_id

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from sglang.srt.distributed.parallel_state import rank0_value, replicated
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -59,8 +60,10 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
         self.chunk_size = chunk_size
         self.tree_slots = topk * max(num_steps, 1) + 1  # draft slots one tree may take
         pool = draft_pool_size(server_args, max_running, max_total_tokens, self.tree_slots)
-        self.runner = ModelRunner(server_args, model_path=server_args.speculative_draft_model_path,
-                                  max_context_len=context_len, max_total_tokens=pool)
+        with replicated():  # under TP every rank drafts with the whole draft model
+            self.runner = ModelRunner(server_args,
+                                      model_path=server_args.speculative_draft_model_path,
+                                      max_context_len=context_len, max_total_tokens=pool)
         self.allocator = self.runner.allocator
         if server_args.speculative_token_map:
             self._use_token_map(server_args.speculative_token_map)
@@ -221,7 +224,7 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
             return self._extend(reqs, ends, want_logits)
         finally:
             self._read = dataclasses.replace(self._read, computed_tokens=self._computed,
-                                             seconds=time.perf_counter() - t0)
+                                             seconds=rank0_value(time.perf_counter() - t0))
 
     def _extend(self, reqs, ends: List[int], want_logits: bool) -> List[Optional[torch.Tensor]]:
         tokens = [r.fill_ids for r in reqs]
