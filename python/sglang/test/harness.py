@@ -12,12 +12,12 @@ from typing import List, Sequence, Union
 
 import torch
 
-from sglang.srt.distributed.parallel_state import kv_heads_per_rank, tp_group
+from sglang.srt.distributed.parallel_state import tp_group
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool, TokenSlotAllocator
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool, TokenSlotAllocator
+from sglang.srt.mem_cache.mla_pool import create_kv_pool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sglang.srt.model_loader.loader import load_model
-from sglang.srt.models.llama import head_dim_of
 
 
 class TinyRunner:
@@ -28,11 +28,8 @@ class TinyRunner:
         cfg = self.config
         self.req_pool = ReqToTokenPool(max_reqs, max_context)
         self.allocator = TokenSlotAllocator(kv_slots)
-        # this TP rank's KV heads (all of them without tensor parallelism)
-        self.kv_pool = KVPool(kv_slots, cfg.num_hidden_layers,
-                              kv_heads_per_rank(cfg.num_key_value_heads or cfg.num_attention_heads,
-                                                tp_group().size),
-                              head_dim_of(cfg), self.dtype)
+        # the latent pool for MLA, else this TP rank's KV heads (all of them without TP)
+        self.kv_pool = create_kv_pool(cfg, kv_slots, self.dtype, tp_size=tp_group().size)
         self.backend = TorchNativeAttnBackend()
         self.rows: List[int] = []  # req_to_token row of each running request
         self.lens: List[int] = []  # tokens already in KV, per running request

@@ -3,7 +3,8 @@ thread each) hold half the heads, half the FFN and half the vocabulary each, and
 logits and greedy tokens equal the one-process model's (float32) on tiny random Llama,
 Qwen2 (q/k/v bias, tied embeddings), Mistral (explicit head_dim), a GQA model with fewer
 KV heads than ranks (each rank keeps one, replicated), and the MoE models Mixtral,
-Qwen2-MoE (shared expert, dense layers) and Qwen3-MoE (q/k norms) with every expert split
+Qwen2-MoE (shared expert, dense layers), Qwen3-MoE (q/k norms) and DeepSeek-V2 / V3 (MLA
+heads split, the latent whole; grouped routing, shared experts) with every expert split
 (EP 1) or half the experts whole on each rank (EP 2). The pools are free afterwards."""
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def test_tp2_equals_tp1_on_dense_models(folders):
 
 @pytest.fixture(scope="module")
 def moe_folders(tiny_moe_dir) -> List[str]:
-    return [tiny_moe_dir(arch) for arch in ("mixtral", "qwen2_moe", "qwen3_moe")]
+    return [tiny_moe_dir(arch) for arch in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2",
+                                            "deepseek_v3")]
 
 
 @pytest.mark.parametrize("ep_size", [1, 2])

@@ -39,6 +39,8 @@ def test_tp2_server_gives_the_one_rank_tokens(server, start_server, tiny_llama_d
     tp2 = start_server(tiny_llama_dir, ["--context-length", "256", "--max-total-tokens", "4096",
                                         "--tp-size", "2"])
     assert _greedy(tp2) == _greedy(server)
+    cached = tp2.internal_state()["tp_cache_evictable_tokens"]
+    assert cached[0] > 0 and cached == [cached[0]] * 2, cached  # the same radix tree on both
     tp2.assert_all_slots_free()
     st = tp2.internal_state()
     assert st["tp_size"] == 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from typing import Any, Iterator, List, Optional
 
 import torch
@@ -33,6 +34,17 @@ class TPGroup:
 
 
 _TP = TPGroup()
+
+
+@dataclasses.dataclass
+class CollectiveStats:
+    """Collectives of the forward pass (all-reduce, all-gather) run and their seconds, for
+    the TP overhead benchmark; two perf_counter calls per collective."""
+    calls: int = 0
+    seconds: float = 0.0
+
+
+COLLECTIVES = CollectiveStats()
 
 
 def tp_group() -> TPGroup:
@@ -95,7 +107,10 @@ def destroy_tensor_parallel() -> None:
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum over the ranks, in place (row-parallel outputs, vocab-parallel embeddings)."""
     if _TP.size > 1:
+        t0 = time.perf_counter()
         dist.all_reduce(x, group=_TP.group)
+        COLLECTIVES.calls += 1
+        COLLECTIVES.seconds += time.perf_counter() - t0
     return x
 
 
@@ -104,8 +119,11 @@ def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     outputs that every rank needs whole: the logits)."""
     if _TP.size == 1:
         return x
+    t0 = time.perf_counter()
     parts = [torch.empty_like(x) for _ in range(_TP.size)]
     dist.all_gather(parts, x.contiguous(), group=_TP.group)
+    COLLECTIVES.calls += 1
+    COLLECTIVES.seconds += time.perf_counter() - t0
     return torch.cat(parts, dim=-1)
 
 

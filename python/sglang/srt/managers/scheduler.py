@@ -2,15 +2,15 @@
 
 One step: admit waiting requests -> plan the tokens each running request computes (decodes
 1, prefills a chunk within the budget) -> hooks: prefetch, draft trees, cut trees -> allocate
-KV slots (evicting cache, retracting requests when the pool is short) -> one forward ->
-sample, or verify trees -> hooks: record -> release finished requests. Speculation and
-expert offload plug in as step hooks (step_hooks.py) handed over at construction.
+KV slots (evicting cache, retracting requests when the pool is short: scheduler_memory.py)
+-> one forward -> sample, or verify trees -> hooks: record -> release finished requests.
+Speculation and expert offload plug in as step hooks (step_hooks.py) handed over at
+construction.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
 import time
 from typing import Deque, Dict, List, Optional
 
@@ -24,6 +24,7 @@ from sglang.srt.managers.output_processor import OutputProcessor
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.batch_builder import build_forward_batch
 from sglang.srt.managers.schedule_policy import order_waiting
+from sglang.srt.managers.scheduler_memory import SchedulerMemoryMixin
 from sglang.srt.managers.scheduler_state import SchedulerStateMixin
 from sglang.srt.managers.step_hooks import SpeculationHook, StepHook, StepHooks
 from sglang.srt.managers.step_plan import ScheduledReq, StepPlan
@@ -33,14 +34,12 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_worker import SpecWorker
 
-logger = logging.getLogger(__name__)
-
 # Slots kept free per running request when admitting new ones, so that decoding requests
 # rarely have to be retracted right after an admission.
 _DECODE_RESERVE_PER_REQ = 16
 
 
-class Scheduler(SchedulerStateMixin):
+class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
     def __init__(self, server_args: ServerArgs, tokenizer=None,
                  runner: Optional[ModelRunner] = None) -> None:
         self.server_args = server_args
@@ -290,37 +289,6 @@ class Scheduler(SchedulerStateMixin):
             items.append(ScheduledReq(req, n))
         return StepPlan(items, decode_only=bool(items) and all(it.count == 1 for it in items))
 
-    def _allocate(self, plan: StepPlan) -> List[ReqUpdate]:
-        """Give every planned token a KV slot; evict cache, then retract, when short."""
-        updates: List[ReqUpdate] = []
-        while plan.items:
-            need = sum(it.num_tokens for it in plan.items)
-            short = need - self.allocator.available_size()
-            if short > 0:
-                self.tree_cache.evict(short)
-                short = need - self.allocator.available_size()
-            if short <= 0:
-                break
-            if len(self.running) == 1:
-                # One request alone does not fit: shrink its chunk, or fail it clearly.
-                avail, first = self.allocator.available_size(), plan.items[0]
-                if avail > 0 and first.num_tokens > 1 and first.tree is None:
-                    first.count = min(first.count, avail)
-                    continue
-                req = self.running[0]
-                req.finished_reason = {"type": "abort", "status_code": 400,
-                                       "message": "The KV pool is too small for this request; "
-                                                  "raise --max-total-tokens."}
-                plan.items = []
-                break
-            victim = max(self.running, key=lambda r: (r.admitted_step, r.fill_len))
-            self._retract(victim)
-            plan.items = [it for it in plan.items if it.req is not victim]
-        for it in plan.items:
-            slots = self.allocator.alloc(it.num_tokens)
-            self.req_to_token_pool.write(it.req.req_pool_idx, it.req.kv_len, slots)
-        return updates
-
     def _postprocess(self, plan: StepPlan, logits: torch.Tensor, rows) -> None:
         offset = 0
         samplers = []
@@ -363,45 +331,6 @@ class Scheduler(SchedulerStateMixin):
         dropped[keep] = False
         self.allocator.free(tree_slots[dropped])
         req.kv_len += len(keep)
-
-    # ------------------------------------------------------------------ memory
-    def _cache_progress(self, req: Req) -> None:
-        """Share a chunk-prefilled prompt through the tree while the request runs on."""
-        row = req.req_pool_idx
-        slots = self.req_to_token_pool.req_to_token[row, : req.kv_len]
-        draft = self.spec.draft_prefix(req) if self.spec is not None else None
-        indices, handle = self.tree_cache.cache_unfinished(req.fill_ids[: req.kv_len], slots,
-                                                           req.cache_handle, draft_slots=draft)
-        self.req_to_token_pool.write(row, 0, indices)
-        if draft is not None:  # draft KV: the cache now owns (and may have swapped) these
-            self.spec.on_cached(req, self.tree_cache.draft_indices(handle), len(draft))
-        req.cache_handle = handle
-        req.cache_protected_len = len(indices)
-
-    def _release(self, req: Req) -> None:
-        """Hand a request's KV to the prefix cache (which frees what it does not keep)."""
-        if req.req_pool_idx is None:
-            return
-        # Draft KV: the drafter frees what it keeps alone and hands a prefix to the cache.
-        draft = self.spec.release(req) if self.spec is not None else None
-        row = req.req_pool_idx
-        slots = self.req_to_token_pool.req_to_token[row, : req.kv_len].clone()
-        self.tree_cache.cache_finished(req.fill_ids[: req.kv_len], slots, req.cache_handle,
-                                       draft_slots=draft)
-        self.req_to_token_pool.free(row)
-        req.req_pool_idx = None
-        req.cache_handle = None
-        req.kv_len = 0
-        req.grammar = None  # rebuilt (and replayed) if the request resumes
-
-    def _retract(self, req: Req) -> None:
-        logger.info("KV pool full: retracting request %s (%d tokens); it resumes later",
-                    req.rid, req.fill_len)
-        self._release(req)
-        self.running.remove(req)
-        req.total_retractions += 1
-        self.waiting.appendleft(req)
-
 
 def _eos_ids(config, tokenizer) -> set:
     ids = set()

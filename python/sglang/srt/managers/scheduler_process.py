@@ -187,5 +187,9 @@ def scheduler_info(scheduler, every_rank: bool = False) -> dict:
     if every_rank and scheduler.server_args.tp_size > 1:
         from sglang.srt.distributed.parallel_state import gather_objects
 
-        info["tp_available_kv_tokens"] = gather_objects(scheduler.allocator.available_size())
+        # pools and radix trees alike on every rank: free slots and cached (evictable) ones
+        ranks = gather_objects((scheduler.allocator.available_size(),
+                                scheduler.tree_cache.evictable_size()))
+        info["tp_available_kv_tokens"] = [free for free, _ in ranks]
+        info["tp_cache_evictable_tokens"] = [cached for _, cached in ranks]
     return info

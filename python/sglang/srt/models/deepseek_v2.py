@@ -27,11 +27,13 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from sglang.srt.distributed.parallel_state import divide, tp_group
 from sglang.srt.layers.attention.mla_attention import mla_attention
 from sglang.srt.layers.attention.radix_attention import RadixAttention
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.experts import SparseMoeBlock
 from sglang.srt.layers.moe.router import RouterConfig
+from sglang.srt.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary_embedding import (SUPPORTED_ROPE_TYPES, compute_inv_freq,
                                                 rope_parameters_from_config)
 from sglang.srt.models.llama import LlamaMLP
@@ -82,22 +84,26 @@ class DeepseekV2MLA(nn.Module):
     def __init__(self, config: PretrainedConfig, layer_id: int, interleaved: bool) -> None:
         super().__init__()
         hidden, bias = config.hidden_size, bool(getattr(config, "attention_bias", False))
-        self.num_heads = config.num_attention_heads
+        heads = config.num_attention_heads
+        # Under TP each rank holds its heads' rows of q / kv_b and columns of o; the latent
+        # (kv_a) and so the KV pool are whole on every rank, as upstream splits MLA.
+        self.num_heads = divide(heads, tp_group().size, "number of attention heads")
         self.nope, self.rope = config.qk_nope_head_dim, config.qk_rope_head_dim
         self.v_dim, self.rank = config.v_head_dim, config.kv_lora_rank
         self.interleaved = interleaved
-        q_out = self.num_heads * (self.nope + self.rope)
+        q_out = heads * (self.nope + self.rope)  # rows head by head: an even split is by head
         self.q_lora_rank = getattr(config, "q_lora_rank", None)
         if self.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden, q_out, bias=False)
+            self.q_proj = ColumnParallelLinear(hidden, q_out, bias=False)
         else:
             self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank)
-            self.q_b_proj = nn.Linear(self.q_lora_rank, q_out, bias=False)
+            self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, q_out, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(hidden, self.rank + self.rope, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.rank)
-        self.kv_b_proj = nn.Linear(self.rank, self.num_heads * (self.nope + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.v_dim, hidden, bias=bias)
+        self.kv_b_proj = ColumnParallelLinear(self.rank, heads * (self.nope + self.v_dim),
+                                              bias=False)
+        self.o_proj = RowParallelLinear(heads * self.v_dim, hidden, bias=bias)
         scaling = (self.nope + self.rope) ** -0.5
         params = rope_parameters_from_config(config)
         if params["rope_type"] != "default" and params.get("mscale_all_dim"):
@@ -129,7 +135,6 @@ class DeepseekV2MLA(nn.Module):
 
 class DeepseekV2ForCausalLM(MoECausalLM):
     interleaved_rope = True
-    supports_tensor_parallel = False  # MLA's heads are not split yet
 
     def make_rotary(self, config: PretrainedConfig) -> nn.Module:
         return DeepseekRotary(config)
