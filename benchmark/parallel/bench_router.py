@@ -19,7 +19,6 @@ import concurrent.futures as cf
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import time
 from typing import Dict, List
 
 import requests
+
+from sglang.srt.utils import free_port, wait_until_ready
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -39,27 +40,15 @@ QUESTIONS = ["Quote the first obligation word for word.", "Summarise the text in
              "Name one deadline in the text."]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(cmd: List[str], ready_url: str, log_path: str, timeout: float = 300):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[:4]} exited; see {log_path}")
-        try:
-            if requests.get(ready_url, timeout=5).status_code == 200:
-                return proc
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{cmd[:4]} not ready; see {log_path}")
+    state = wait_until_ready(proc, lambda: requests.get(ready_url, timeout=5).status_code == 200,
+                             timeout, interval=0.5)
+    if state != "ready":
+        raise RuntimeError(f"{cmd[:4]} {state}; see {log_path}")
+    return proc
 
 
 def _stop(procs) -> None:
@@ -77,7 +66,7 @@ def _stop(procs) -> None:
 
 def start_layout(layout: str, model: str, logs: str):
     def worker(threads: int):
-        port = _port()
+        port = free_port()
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--dtype",
                "bfloat16", "--port", str(port), "--num-threads", str(threads),
                "--max-total-tokens", "40000", "--context-length", "2048"]
@@ -88,11 +77,11 @@ def start_layout(layout: str, model: str, logs: str):
         proc, url = worker(2)
         return [proc], url
     (p1, u1), (p2, u2) = worker(1), worker(1)
-    port = _port()
+    port = free_port()
     policy = layout.split()[-1]
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
            str(port), "--worker-urls", u1, u2, "--policy", policy, "--prometheus-port",
-           str(_port()), "--log-level", "warn"]
+           str(free_port()), "--log-level", "warn"]
     router = _start(cmd, f"http://127.0.0.1:{port}/readiness", os.path.join(logs, "router.log"))
     return [router, p1, p2], f"http://127.0.0.1:{port}"
 

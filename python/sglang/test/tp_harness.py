@@ -5,18 +5,13 @@ model through TinyRunner, and puts its results on a queue."""
 from __future__ import annotations
 
 import pickle
-import socket
 import time
 from typing import Any, Callable, Dict, List
 
 import torch
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sglang.srt.utils import free_port
 
 
 def greedy_run(folder: str, prompts: List[List[int]], new_tokens: int) -> Dict[str, Any]:

@@ -49,18 +49,10 @@ def test_dp_size_on_our_own_server_points_to_the_router():
 def test_port_helper_at_upstreams_path():
     import socket
 
-    from sglang.srt.utils import is_port_available
+    from sglang.srt.utils import free_port, is_port_available
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         assert not is_port_available(s.getsockname()[1])
-    assert is_port_available(_closed_port())
-
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    assert is_port_available(free_port())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,14 +18,10 @@ from typing import Dict, List, Optional
 import pytest
 import requests
 
+from sglang.srt.utils import free_port, wait_until_ready
+
 _PYTHON_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
 START_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -54,16 +49,12 @@ class ServerProcess:
             return f.read()
 
     def _wait_ready(self) -> None:
-        deadline = time.time() + START_TIMEOUT_S
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if requests.get(self.base_url + "/health_generate", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.25)
+        state = wait_until_ready(self.proc, lambda: requests.get(
+            self.base_url + "/health_generate", timeout=5).status_code == 200, START_TIMEOUT_S)
+        if state == "ready":
+            return
+        if state == "exited":
+            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
         self.stop()
         raise RuntimeError(f"server did not become ready in {START_TIMEOUT_S}s:\n{self.log()}")
 
@@ -164,19 +155,18 @@ class RouterProcess:
                "--port", str(self.port), prom, str(self.metrics_port), *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
-        deadline = time.time() + start_timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None or "PanicException" in self.log():
-                self.stop()
-                raise RuntimeError(f"router failed ({self.proc.returncode}):\n{self.log()}")
-            try:
-                if generate(self.url, "Hello", max_tokens=1, timeout=10).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"router not ready in {start_timeout}s:\n{self.log()}")
+        state = wait_until_ready(self.proc, self._serves, start_timeout, interval=0.5)
+        if state != "ready":
+            self.stop()
+            raise RuntimeError(f"router {state} ({self.proc.returncode}):\n{self.log()}")
+
+    def _serves(self) -> bool:
+        """A generation through the router answers; a panic in its log (it keeps running
+        after one) fails at once."""
+        if "PanicException" in self.log():
+            self.proc.kill()
+            return False
+        return generate(self.url, "Hello", max_tokens=1, timeout=10).status_code == 200
 
     def log(self) -> str:
         with open(self._log.name, errors="replace") as f:

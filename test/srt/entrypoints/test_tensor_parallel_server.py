@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import psutil
 import pytest
+
+from sglang.srt.utils import free_port
 
 pytestmark = pytest.mark.slow  # server processes
 
@@ -75,9 +76,7 @@ def test_tp2_speculation_keeps_the_plain_tokens(spec, server, start_server, tiny
 
 
 def test_two_nodes_share_one_tp_group(server, start_server, tiny_llama_dir, tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     common = ["--model-path", tiny_llama_dir, "--dtype", "float32", "--context-length", "256",
               "--max-total-tokens", "4096", "--tp-size", "2", "--nnodes", "2",
               "--dist-init-addr", f"127.0.0.1:{port}"]

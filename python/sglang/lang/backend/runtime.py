@@ -10,22 +10,15 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
 import subprocess
 import sys
-import time
 from typing import Any, Dict, List, Optional
 
 import requests
 
 import sglang
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sglang.srt.utils import free_port, wait_until_ready
 
 
 def _flags(kwargs: Dict[str, Any]) -> List[str]:
@@ -49,7 +42,7 @@ class Runtime:
                  log_file: Optional[str] = None, **server_args: Any) -> None:
         if "model_path" not in server_args:
             raise TypeError("Runtime needs model_path=")
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
         self.generate_url = self.url + "/generate"
         argv = [sys.executable, "-m", "sglang.launch_server", "--host", host,
@@ -66,18 +59,14 @@ class Runtime:
         self.endpoint = RuntimeEndpoint(self.url, api_key=server_args.get("api_key"))
 
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.shutdown()
-                raise RuntimeError(f"the server exited with code {code} while starting")
-            try:
-                if requests.get(self.url + "/health_generate", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.25)
+        state = wait_until_ready(self.proc, lambda: requests.get(
+            self.url + "/health_generate", timeout=5).status_code == 200, timeout)
+        if state == "ready":
+            return
+        if state == "exited":
+            code = self.proc.returncode
+            self.shutdown()
+            raise RuntimeError(f"the server exited with code {code} while starting")
         self.shutdown()
         raise TimeoutError(f"the server did not become ready within {timeout:.0f} s")
 

@@ -21,6 +21,7 @@ from sglang.srt.managers.detokenizer_manager import (_preimport_tokenizer_module
                                                      run_detokenizer_process)
 from sglang.srt.managers.scheduler_process import PortArgs, run_scheduler_process
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def start_ranks(server_args: ServerArgs, addrs: PortArgs, ctx=None) -> List[Tupl
     first = server_args.node_rank * per_node
     dist_init = None
     if tp > 1:
-        addr = server_args.dist_init_addr or f"127.0.0.1:{_free_port()}"
+        addr = server_args.dist_init_addr or f"127.0.0.1:{free_port()}"
         dist_init = f"tcp://{addr}"
     out = []
     for rank in range(first, first + per_node):
@@ -116,12 +117,6 @@ def run_follower_node(server_args: ServerArgs) -> int:
         kill_process_tree(procs)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _send_quietly(pipe, obj: Any) -> None:

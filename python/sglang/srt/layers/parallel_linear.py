@@ -117,6 +117,18 @@ def vocab_rows(vocab_size: int) -> slice:
     return slice(start, min(start + per_rank, vocab_size))
 
 
+def _load_vocab_block(weight: torch.Tensor, full: torch.Tensor, vocab_size: int,
+                      what: str) -> None:
+    """This rank's block of a [vocab, hidden] table; the padding rows past the vocabulary
+    are zeros (their logits are cut off, their ids never looked up)."""
+    rows = vocab_rows(vocab_size)
+    n = rows.stop - rows.start
+    _copy_rows(weight.data[:n], full[rows], what)
+    if n < weight.shape[0]:
+        with torch.no_grad():
+            weight.data[n:].zero_()
+
+
 class VocabParallelEmbedding(nn.Embedding):
     """Each rank embeds the ids in its vocabulary block (zeros elsewhere); the sum over the
     ranks is every id's row."""
@@ -124,21 +136,16 @@ class VocabParallelEmbedding(nn.Embedding):
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         tp = tp_group()
         self.tp_size, self.vocab_size = tp.size, vocab_size
+        self.vocab_start = vocab_rows(vocab_size).start
         super().__init__(-(-vocab_size // tp.size), hidden_size)
 
     def load_shard(self, leaf: str, full: torch.Tensor, shard: int = 0) -> None:
-        rows = vocab_rows(self.vocab_size)
-        n = rows.stop - rows.start
-        _copy_rows(self.weight.data[:n], full[rows], "embedding")
-        if n < self.num_embeddings:
-            with torch.no_grad():
-                self.weight.data[n:].zero_()
+        _load_vocab_block(self.weight, full, self.vocab_size, "embedding")
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return F.embedding(input_ids, self.weight)
-        start = vocab_rows(self.vocab_size).start
-        local = input_ids - start
+        local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.num_embeddings)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         out.masked_fill_(outside.unsqueeze(-1), 0)
@@ -155,12 +162,7 @@ class ParallelLMHead(Linear):
         super().__init__(hidden_size, -(-vocab_size // tp.size), bias=False)
 
     def load_shard(self, leaf: str, full: torch.Tensor, shard: int = 0) -> None:
-        rows = vocab_rows(self.vocab_size)
-        n = rows.stop - rows.start
-        _copy_rows(self.weight.data[:n], full[rows], "lm_head")
-        if n < self.out_features:
-            with torch.no_grad():
-                self.weight.data[n:].zero_()
+        _load_vocab_block(self.weight, full, self.vocab_size, "lm_head")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -85,7 +85,6 @@ class MoEExperts(nn.Module):
         # this rank's experts [first_expert, first_expert + local) (all of them without EP)
         self.num_local_experts = divide(num_experts, self.ep_size, "number of experts")
         self.first_expert = tp.rank * self.num_local_experts if self.ep_size > 1 else 0
-        self.full_intermediate = intermediate_size
         self.intermediate_size = (intermediate_size if self.ep_size > 1 else
                                   divide(intermediate_size, tp.size, "expert width"))
         intermediate_size = self.intermediate_size
