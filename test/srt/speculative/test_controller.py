@@ -153,20 +153,76 @@ def _fake_req(rid: str):
                                  spec_accept_histogram=[])
 
 
-def test_new_requests_start_from_the_servers_recent_acceptance(tiny_llama_dir):
-    """With a draft model, after requests whose drafts were rejected, a new request's
-    acceptance estimate (what the cost model weighs budgets by) starts low, not at the
-    fixed optimistic guess."""
+def _standalone_spec(model_dir, plain_s=0.010, spec_s=(0.025, 0.030)):
+    """A STANDALONE spec worker (chain of 3, cost model and fallback on) whose cost model has
+    measured every budget at batch size 1: plain `plain_s`, budgets 2 and 4 `spec_s`."""
     from sglang.test.scheduler_driver import make_scheduler
 
-    sched = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
-                           speculative_draft_model_path=tiny_llama_dir, speculative_num_steps=3)
-    spec = sched.spec
-    fresh = spec.controller(_fake_req("a")).ema_rate
-    for _ in range(60):
-        spec.record(_fake_req("a"), 3, 0, 1)
-    later = spec.controller(_fake_req("b")).ema_rate
-    assert fresh == 0.7 and later < 0.1
+    spec = make_scheduler(model_dir, speculative_algorithm="STANDALONE",
+                          speculative_draft_model_path=model_dir, speculative_num_steps=3,
+                          speculative_num_draft_tokens=4,
+                          speculative_disable_cost_model=False,
+                          speculative_fallback_threshold=0.5,
+                          speculative_calibrate_seconds=0).spec
+    cm = spec.cost_model
+    assert cm.budgets == [1, 2, 4]
+    spec.step_s = {1: plain_s, 2: spec_s[0], 4: spec_s[1]}  # what each step takes
+    for _ in range(cm.min_samples):
+        cm.observe(1, 1, plain_s)
+    for b in (2, 4):
+        cm.observe(1, b, spec.step_s[b])
+    return spec
+
+
+def _decode(spec, rid: str, accepted_of, steps: int):
+    """Runs `steps` decode steps of one request through the worker's own decisions (budget
+    from its policy, the request's fallback mode) with scripted acceptance
+    (`accepted_of(depth)`) and step times (`spec.step_s`); returns every step's budget."""
+    budgets = []
+    for _ in range(steps):
+        ctl_ = spec.controller(_fake_req(rid))
+        budget = 1
+        if ctl_.should_speculate():
+            budget = spec.policy.choose([ctl_.decision_rate()], spec.depth_of)
+        if budget > 1:
+            depth = spec.depth_of(budget)
+            got = accepted_of(depth)
+            spec.record(_fake_req(rid), depth, got, got + 1)
+        else:
+            spec.record(_fake_req(rid), 0, 0, 1)
+        spec.cost_model.observe(1, budget, spec.step_s[budget])
+        budgets.append(budget)
+    return budgets
+
+
+def test_draft_model_decisions_are_per_request(tiny_llama_dir):
+    """With a draft model, a request decides from its own acceptance: the same request fresh
+    or after others whose drafts were all rejected gets the same budgets step by step (the
+    server's recent acceptance as the prior had kept it plain, never measured)."""
+    def accept_all(depth):
+        return depth
+
+    fresh = _standalone_spec(tiny_llama_dir)
+    busy = _standalone_spec(tiny_llama_dir)
+    for _ in range(60):  # another request whose drafts were all rejected
+        busy.record(_fake_req("other"), 3, 0, 1)
+    got = _decode(busy, "q", accept_all, 40)
+    assert got == _decode(fresh, "q", accept_all, 40)
+    assert got.count(4) >= 35  # 4 tokens / 30 ms beat 1 / 10 ms: it speculates
+
+
+def test_a_new_request_is_probed_where_a_well_drafted_one_would_pay(tiny_llama_dir):
+    """A verify costs 3 plain steps: at the prior acceptance (0.7: 2.5 tokens a verify) plain
+    wins, yet a request that drafts well (4 tokens a verify) gains. Its first steps are
+    weighed optimistically, so it is measured: a request whose drafts are taken keeps
+    speculating, one whose drafts are rejected goes plain after its probe. Where even a
+    perfect draft cannot pay (a verify at 5 plain steps), no request speculates."""
+    assert _decode(_standalone_spec(tiny_llama_dir), "good", lambda d: d, 30).count(1) <= 2
+    bad = _decode(_standalone_spec(tiny_llama_dir), "bad", lambda d: 0, 30)
+    assert bad[:2] == [4, 4] and bad[2:].count(1) >= 26  # plain but for a re-measure
+    dear = _standalone_spec(tiny_llama_dir, spec_s=(0.045, 0.050))
+    never = _decode(dear, "any", lambda d: d, 30)
+    assert never[:2] == [1, 1] and never.count(1) >= 28  # plain but for a re-measure
 
 
 def test_free_drafter_decisions_are_per_request(tiny_llama_dir):

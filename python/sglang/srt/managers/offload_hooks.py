@@ -72,7 +72,7 @@ class TreeBudgetHook(StepHook):
             offset += it.num_tokens
             trees.append(it.tree)
             rows.append(r if it.tree is not None else None)
-            rates.append(self.spec.controller(it.req).ema_rate if it.tree is not None else 0.0)
+            rates.append(self.spec.controller(it.req).decision_rate() if it.tree is not None else 0.0)
             if it.tree is None:  # rows that run anyway: their experts load regardless
                 fixed |= r.any(0)
         for it, new in zip(plan.items, self.budget.prune(trees, rates, rows, fixed)):

@@ -38,6 +38,12 @@ logger = logging.getLogger(__name__)
 SPEC, PLAIN, PROBE = "spec", "plain", "probe"
 PRIOR_RATE = 0.7  # per-position acceptance assumed before any verify
 MAX_BACKOFF = 16
+# A request's first decode steps are weighed at an optimistic acceptance (at least
+# PROBE_RATE) so that it is measured on its own text wherever a well-drafted request would
+# pay: priors shared between requests had kept a quoting request (1.34x plain when it
+# speculated) from ever speculating after others drafted badly (docs/decisions.md).
+PROBE_STEPS = 2
+PROBE_RATE = 0.9
 
 
 @dataclasses.dataclass
@@ -77,9 +83,15 @@ class RequestController:
     acceptance: Optional["AcceptanceEMA"] = None
     switches: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
     tokens_seen: int = 0
+    probe_left: int = PROBE_STEPS  # decode steps still weighed at PROBE_RATE
 
     def should_speculate(self) -> bool:
         return self.mode in (SPEC, PROBE)
+
+    def decision_rate(self) -> float:
+        """The acceptance the cost model weighs this request by: its own estimate, and at
+        least PROBE_RATE over its first PROBE_STEPS decode steps."""
+        return max(self.ema_rate, PROBE_RATE) if self.probe_left > 0 else self.ema_rate
 
     def rate(self) -> float:
         return self.accepted / self.offered if self.offered else 1.0
@@ -97,6 +109,7 @@ class RequestController:
         """A verify offered `offered` positions, `accepted` were taken, `emitted` tokens
         appended; `break_even`: what this verify cost in plain steps (None: unpriced)."""
         self.tokens_seen += emitted
+        self.probe_left = max(self.probe_left - 1, 0)
         self._count_model_wait(emitted)
         if offered <= 0:
             return
@@ -152,6 +165,7 @@ class RequestController:
 
     def on_plain_tokens(self, n: int) -> None:
         self.tokens_seen += n
+        self.probe_left = max(self.probe_left - 1, 0)
         self._count_model_wait(n)
         if self.mode != PLAIN:
             return

@@ -117,8 +117,8 @@ class SpecWorker:
                 # length (trying costs a free drafter next to nothing)
                 ctl = RequestController(self.cfg.fallback)
                 ctl.max_draft_len = ctl.draft_len = self.num_draft_tokens - 1
-            else:  # a draft model starts from the server's recent acceptance (docs/decisions.md)
-                ctl = RequestController(self.cfg.fallback, ema_rate=self.rate_prior,
+            else:  # the same fixed prior and first-step probe (docs/decisions.md)
+                ctl = RequestController(self.cfg.fallback,
                                         can_drop_model=self.drafter.drafts_without_model)
             self.controllers[req.rid] = ctl
         return ctl
@@ -154,7 +154,7 @@ class SpecWorker:
                  and (policy.forced or self.controller(r).should_speculate())]
         if not cands:
             return none
-        budget = policy.choose([self.controller(r).ema_rate for r in cands], self.depth_of)
+        budget = policy.choose([self.controller(r).decision_rate() for r in cands], self.depth_of)
         held: set = set()
         if budget > 1 and not policy.forced and self.cost_model is not None:
             kept = self._worth_catching_up(cands, budget)
@@ -212,7 +212,7 @@ class SpecWorker:
         backlog = sum(n for n in lag if n > TYPICAL_BACKLOG)
         if not backlog:
             return cands
-        rates = [self.controller(r).ema_rate for r in cands]
+        rates = [self.controller(r).decision_rate() for r in cands]
         remaining = sum(r.max_new_tokens - len(r.output_ids) for r in cands)
         if self.cost_model.catch_up_pays(rates, self.depth_of, remaining, backlog, budget):
             return cands
@@ -288,7 +288,7 @@ class SpecWorker:
             # the batch the next decode steps run, prompts still prefilling included
             batch = [r for r in running
                      if not r.finished and self.controller(r).should_speculate()]
-            rates = [self.controller(r).ema_rate for r in batch]
+            rates = [self.controller(r).decision_rate() for r in batch]
             if self.cost_model.rules_out_speculation(rates, self.depth_of):
                 return
             remaining = sum(r.max_new_tokens - len(r.output_ids) for r in batch)
