@@ -28,6 +28,27 @@ def greedy_run(folder: str, prompts: List[List[int]], new_tokens: int) -> Dict[s
     return {"logits": logits, "tokens": tokens, "free": free}
 
 
+def scheduler_run(folder: str, prompts: List[List[int]], params: List[Dict[str, Any]],
+                  server_kw: Dict[str, Any]) -> Dict[str, Any]:
+    """The prompts through a Scheduler of this rank (every rank fed alike, in lockstep):
+    each request's tokens; with an expert store, the experts it ever loaded, its figures and
+    whether its slots are idle; and whether every pool is free afterwards."""
+    from sglang.test.scheduler_driver import make_scheduler, run
+
+    sched = make_scheduler(folder, **server_kw)
+    done = run(sched, prompts, params)
+    sched.check_all_free()  # KV, requests, and expert slots (no pin, no load in flight)
+    out: Dict[str, Any] = {"tokens": {rid: ids for rid, (ids, _) in done.items()}}
+    store = sched.runner.expert_store
+    if store is not None:
+        out["owned"] = None if store.owned is None else list(store.owned)
+        out["loaded"] = sorted({e for layer in store.layers() for e in store.mapped(layer)})
+        out["store"] = store.stats().to_dict()["total"]
+        out["moe"] = sched.moe_state()
+        store.close()
+    return out
+
+
 def vocab_layers_error(vocab: int = 101, hidden: int = 8) -> float:
     """A vocabulary that does not split evenly: largest error of the padded-block embedding
     and lm_head against the whole table."""

@@ -19,6 +19,9 @@ from sglang.srt.server_args import ServerArgs, prepare_server_args
     (dict(dist_init_addr="no-port"), "HOST:PORT"),
     (dict(grpc_mode=True), "--grpc-mode is not supported"),
     (dict(max_request_body_bytes=10), "at least 1024"),
+    (dict(tp_size=2, moe_expert_cache_slots=2), "needs --ep-size 2"),
+    (dict(tp_size=2, ep_size=2, moe_expert_cache_slots=2, moe_prefetch_prune_tree=True),
+     "leave it off"),
 ])
 def test_bad_parallel_flags_are_refused_with_what_to_change(flags, message):
     with pytest.raises(ValueError, match=message):

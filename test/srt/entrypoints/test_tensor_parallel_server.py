@@ -97,10 +97,14 @@ def test_two_nodes_share_one_tp_group(server, start_server, tiny_llama_dir, tmp_
         log.close()
 
 
-def test_moe_server_with_expert_parallelism_gives_the_one_rank_tokens(start_server,
+@pytest.mark.parametrize("store", [[], ["--moe-expert-cache-slots", "2",
+                                          "--moe-prefetch-predictor", "layer_ahead"]],
+                         ids=["resident", "store"])
+def test_moe_server_with_expert_parallelism_gives_the_one_rank_tokens(store, start_server,
                                                                       tiny_moe_dir):
     """Mixtral with --tp-size 2 --ep-size 2 (four whole experts per rank) through the whole
-    server: the tokens of the one-process model, token for token (float32)."""
+    server: the tokens of the one-process model, token for token (float32); also with each
+    rank's own expert store (2 slots for its 4 experts) and prefetcher."""
     import torch
 
     from sglang.test.harness import TinyRunner
@@ -110,10 +114,14 @@ def test_moe_server_with_expert_parallelism_gives_the_one_rank_tokens(start_serv
     torch.set_num_threads(1)
     want = TinyRunner(folder).generate_greedy(prompts, 16)
     srv = start_server(folder, ["--tp-size", "2", "--ep-size", "2", "--max-total-tokens",
-                                "4096", "--skip-server-warmup"])
+                                "4096", "--skip-server-warmup", *store])
     for ids, expected in zip(prompts, want):
         resp = srv.post("/generate", json={"input_ids": ids, "sampling_params": {
             "max_new_tokens": 16, "temperature": 0, "ignore_eos": True}})
         assert resp.status_code == 200, resp.text
         assert resp.json()["output_ids"] == expected
+    if store:  # rank 0's figures: its own store and prefetcher ran
+        state = srv.get("/server_info").json()["internal_states"][0]
+        assert state["moe_expert_store"]["total"]["loads"] > 0
+        assert state["moe_prefetch"]["total"]["uses"] > 0
     srv.assert_all_slots_free()

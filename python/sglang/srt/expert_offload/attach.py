@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Optional
 
+import torch
+
+from sglang.srt.distributed.parallel_state import all_gather_last_dim
 from sglang.srt.expert_offload.config import OffloadConfig
 from sglang.srt.expert_offload.gate import PrefetchGate
 from sglang.srt.expert_offload.layout import aligned_empty
@@ -28,30 +31,43 @@ def attach_expert_store(model: "MoECausalLM", model_path: str,
     if not os.path.isdir(model_path):
         raise ValueError("--moe-expert-cache-slots needs an HF safetensors checkpoint folder "
                          f"(the experts' slow tier); got {model_path!r}")
-    keys = {(i, e): tuple(names) for i, b in blocks.items()
-            for e, names in b.experts.expert_keys.items()}
-    source = SafetensorsExpertSource(model_path, keys, cfg.drop_page_cache)
     first = next(iter(blocks.values())).experts
+    # this rank's experts (every expert but under expert parallelism)
+    owned = range(first.first_expert, first.first_expert + first.num_local_experts)
+    keys = {(i, e): tuple(names) for i, b in blocks.items()
+            for e, names in b.experts.expert_keys.items() if e in owned}
+    source = SafetensorsExpertSource(model_path, keys, cfg.drop_page_cache)
     device = str(first.w13.device)
     if device.startswith("cuda"):
         source = PinnedHostExpertSource(source, {i: b.slot_shapes() for i, b in blocks.items()},
-                                        {i: b.experts.num_experts for i, b in blocks.items()},
-                                        first.w13.dtype)
+                                        {i: owned for i in blocks}, first.w13.dtype)
     else:
         for b in blocks.values():
             b.experts.align_slots(aligned_empty)
     store = ExpertStore(source, {i: (b.experts.w13.detach(), b.experts.w2.detach())
                                  for i, b in blocks.items()},
-                        {i: b.experts.num_experts for i, b in blocks.items()}, device)
+                        {i: b.experts.num_experts for i, b in blocks.items()}, device,
+                        owned=owned if len(owned) < first.num_experts else None)
     for b in blocks.values():
         b.experts.store = store
-    if store.num_slots >= first.num_experts:
-        for i, b in blocks.items():
-            store.prefetch(i, range(b.experts.num_experts))
+    if store.num_slots >= len(owned):
+        for i in blocks:
+            store.prefetch(i, owned)
         store.wait_loads()
         store.reset_stats()
     model.expert_store = store
     return store
+
+
+def _whole_embedding(embed: torch.nn.Embedding) -> torch.nn.Embedding:
+    """Predictors look embedding rows up by token id. Under TP the vocabulary-parallel table
+    is gathered once here, so that no prediction runs a collective: each rank's prefetch
+    gate decides on its own timings, and a collective only some ranks reached would hang."""
+    if getattr(embed, "tp_size", 1) == 1:
+        return embed
+    whole = all_gather_last_dim(embed.weight.detach().t().contiguous()).t()
+    return torch.nn.Embedding.from_pretrained(whole[: embed.vocab_size].contiguous(),
+                                              freeze=True)
 
 
 def attach_prefetcher(model: "MoECausalLM", cfg: OffloadConfig) -> ExpertPrefetcher:
@@ -63,7 +79,8 @@ def attach_prefetcher(model: "MoECausalLM", cfg: OffloadConfig) -> ExpertPrefetc
                            b.gate.cfg.top_k) for i, b in blocks.items()}
     first = next(iter(blocks.values())).experts
     expert_bytes = (first.w13[0].numel() + first.w2[0].numel()) * first.w13.element_size()
-    predictor = build_predictor(cfg.predictor, views, model.model.embed_tokens, cfg.width,
+    predictor = build_predictor(cfg.predictor, views, _whole_embedding(model.model.embed_tokens),
+                                cfg.width,
                                 store.num_slots, cfg.keep_width, cfg.min_prob)
     pf = ExpertPrefetcher(store, predictor, expert_bytes, PrefetchGate() if cfg.gate else None)
     for layer in model.model.layers:

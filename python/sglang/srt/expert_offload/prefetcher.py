@@ -64,7 +64,9 @@ class ExpertPrefetcher:
 
     def _issue(self, wanted: Dict[int, List[int]]) -> None:
         for layer in sorted(wanted):
-            ranked = wanted[layer]
+            # every EP rank predicts alike (the same draft, the same states); each loads the
+            # experts it holds, up to its own slots
+            ranked = [e for e in wanted[layer] if self.store.owns(e)]
             if ranked:
                 self.stats.predicted(layer, ranked)
                 # every predicted expert is protected, not only the ones that fit: evicting
@@ -121,7 +123,8 @@ class ExpertPrefetcher:
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
         if self.active:
-            self.stats.used(layer, torch.unique(topk_ids).tolist(), self.store.resident(layer))
+            needed = [e for e in torch.unique(topk_ids).tolist() if self.store.owns(e)]
+            self.stats.used(layer, needed, self.store.resident(layer))
         else:
             self.stats.skip(layer)
         self._wanted.pop(layer, None)

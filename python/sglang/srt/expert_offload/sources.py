@@ -19,7 +19,7 @@ import mmap
 import os
 import struct
 import threading
-from typing import Dict, List, Optional, Protocol, Tuple
+from typing import Dict, Iterable, List, Optional, Protocol, Tuple
 
 import torch
 
@@ -247,10 +247,11 @@ class PinnedHostExpertSource:
     stream (the store runs it on its own load stream)."""
 
     def __init__(self, inner: ExpertSource, shapes: Dict[int, Tuple[torch.Size, torch.Size]],
-                 experts: Dict[int, int], dtype: torch.dtype) -> None:
+                 experts: Dict[int, Iterable[int]], dtype: torch.dtype) -> None:
+        """`experts`: layer -> the expert ids to hold (this rank's)."""
         self._host: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
         for layer, (s13, s2) in shapes.items():
-            for e in range(experts[layer]):
+            for e in experts[layer]:
                 w13 = torch.empty(s13, dtype=dtype).pin_memory()
                 w2 = torch.empty(s2, dtype=dtype).pin_memory()
                 inner.read_into(layer, e, w13, w2)

@@ -14,6 +14,8 @@ Invariants:
   slots = num_slots (`check_idle`).
 
 API for prefetchers: `prefetch(layer, expert_ids)`, `resident(layer)`, `stats()`.
+Under expert parallelism each rank's store holds only the experts it `owns`: asking it to
+prefetch another rank's expert loads nothing, asking it to run one is an error.
 """
 
 from __future__ import annotations
@@ -108,9 +110,12 @@ class _Layer:
 
 class ExpertStore:
     def __init__(self, source: ExpertSource, layers: Dict[int, tuple], num_experts: Dict[int, int],
-                 device: str = "cpu", loader_threads: int = 2) -> None:
-        """`layers`: layer id -> (w13 slots [S, 2I, H], w2 slots [S, H, I]), same S everywhere."""
+                 device: str = "cpu", loader_threads: int = 2,
+                 owned: Optional[range] = None) -> None:
+        """`layers`: layer id -> (w13 slots [S, 2I, H], w2 slots [S, H, I]), same S everywhere;
+        `owned`: the expert ids this store holds (None: all of them)."""
         self.source = source
+        self.owned = owned
         self._layers = {i: _Layer(w13, w2, num_experts[i]) for i, (w13, w2) in layers.items()}
         sizes = {len(lay.slots) for lay in self._layers.values()}
         assert len(sizes) == 1, "every layer has the same number of slots"
@@ -150,6 +155,9 @@ class ExpertStore:
         a pass that needs them loads nothing more."""
         with self._cond:
             return sorted(self._layers[layer].where)
+
+    def owns(self, expert: int) -> bool:
+        return self.owned is None or expert in self.owned
 
     def stats(self) -> StoreStats:
         with self._cond:
@@ -197,7 +205,7 @@ class ExpertStore:
         that has a score yields its slot to a requested expert with a score SWAP_MARGIN
         times higher: of two likely experts, the clearly likelier holds the slot."""
         queued: List[int] = []
-        wanted = list(dict.fromkeys(int(x) for x in expert_ids))
+        wanted = [e for e in dict.fromkeys(int(x) for x in expert_ids) if self.owns(e)]
         scores = scores or {}
         with self._cond:
             lay = self._layers[layer]
@@ -316,10 +324,12 @@ class ExpertStore:
         self._clock += 1
         return self._clock
 
-    @staticmethod
-    def _check_id(lay: _Layer, e: int) -> None:
+    def _check_id(self, lay: _Layer, e: int) -> None:
         if not 0 <= e < lay.num_experts:
             raise ValueError(f"expert id {e} out of range 0..{lay.num_experts - 1}")
+        if not self.owns(e):
+            raise ValueError(f"expert {e} belongs to another expert-parallel rank "
+                             f"(this one holds {self.owned.start}..{self.owned.stop - 1})")
 
     @staticmethod
     def _victim(lay: _Layer) -> Optional[int]:

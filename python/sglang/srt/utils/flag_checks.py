@@ -88,8 +88,13 @@ def check_parallel_flags(args: Any) -> None:
         raise ValueError(f"--ep-size {args.ep_size} must be 1 (experts split by TP) or equal "
                          f"to --tp-size {args.tp_size} (each rank owns whole experts)")
     if args.tp_size > 1 and args.moe_expert_cache_slots is not None:
-        raise ValueError("--moe-expert-cache-slots with --tp-size > 1 is not supported on this "
-                         "fork yet: use --tp-size 1")
+        if args.ep_size != args.tp_size:
+            raise ValueError("--moe-expert-cache-slots with --tp-size > 1 needs --ep-size "
+                             f"{args.tp_size} (each rank's store holds its own whole experts)")
+        if args.moe_prefetch_prune_tree:
+            raise ValueError("--moe-prefetch-prune-tree prices trees by one rank's residency; "
+                             "with --tp-size > 1 the ranks would verify different trees: "
+                             "leave it off")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise ValueError(f"--node-rank must be in [0, --nnodes {args.nnodes}), got "
                          f"{args.node_rank}")

@@ -76,8 +76,9 @@ class MoEExperts(nn.Module):
                  layer_id: int, num_slots: Optional[int] = None) -> None:
         super().__init__()
         tp = tp_group()
-        if tp.size > 1 and num_slots is not None:
-            raise ValueError("--moe-expert-cache-slots with --tp-size > 1 is not supported yet")
+        if tp.size > 1 and tp.ep_size == 1 and num_slots is not None:
+            raise ValueError("--moe-expert-cache-slots with --tp-size > 1 needs --ep-size equal "
+                             "to --tp-size (a store moves whole experts)")
         self.num_experts = num_experts
         self.layer_id = layer_id
         self.tp_size = tp.size
@@ -88,7 +89,9 @@ class MoEExperts(nn.Module):
         self.intermediate_size = (intermediate_size if self.ep_size > 1 else
                                   divide(intermediate_size, tp.size, "expert width"))
         intermediate_size = self.intermediate_size
-        slots = self.num_local_experts if num_slots is None else min(num_slots, num_experts)
+        # with a store: that many slots for this rank's experts (its own store, EP included)
+        slots = (self.num_local_experts if num_slots is None
+                 else min(num_slots, self.num_local_experts))
         self.w13 = nn.Parameter(torch.empty(slots, 2 * intermediate_size, hidden_size))
         self.w2 = nn.Parameter(torch.empty(slots, hidden_size, intermediate_size))
         self.store_backed = num_slots is not None
@@ -130,7 +133,9 @@ class MoEExperts(nn.Module):
         ids = routing.topk_ids  # [T, k]
         if self.ep_size > 1:  # other ranks' experts: no pair here (zeros in the sum)
             local = ids - self.first_expert
-            ids = local.masked_fill((local < 0) | (local >= self.num_local_experts), -1)
+            elsewhere = (local < 0) | (local >= self.num_local_experts)
+            # slot ids without a store; expert ids (the store's) with one
+            ids = (ids if self.store_backed else local).masked_fill(elsewhere, -1)
             out = hidden.new_zeros((*ids.shape, hidden.shape[-1]))
         else:
             out = hidden.new_empty((*ids.shape, hidden.shape[-1]))  # [T, k, H]
@@ -144,7 +149,7 @@ class MoEExperts(nn.Module):
 
     def _forward_with_store(self, hidden: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
         store, layer = self.store, self.layer_id
-        needed = torch.unique(ids).tolist()
+        needed = [e for e in torch.unique(ids).tolist() if e >= 0]  # -1: another EP rank's
         n = store.num_slots
         if len(needed) > n:
             resident, mapped = set(store.resident(layer)), set(store.mapped(layer))
@@ -159,7 +164,7 @@ class MoEExperts(nn.Module):
                     # computes; the later waves' experts are kept from eviction
                     store.prefetch_experts(layer, waves[w + 1],
                                            protect=[e for x in waves[w + 2:] for e in x])
-                lut = torch.full((self.num_experts,), -1, dtype=torch.int64)
+                lut = torch.full((self.num_experts + 1,), -1, dtype=torch.int64)  # [-1]: -1
                 lut[list(lease.slot_of)] = torch.tensor(list(lease.slot_of.values()))
                 lut = lut.to(ids.device)
                 w13, w2 = store.weights(layer)
