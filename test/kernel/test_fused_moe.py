@@ -51,6 +51,49 @@ def test_triton_fused_moe_matches_reference(t, h, inter, e, k) -> None:
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
+def test_pairs_of_experts_held_elsewhere_are_left_out() -> None:
+    """Id -1 (an expert another rank holds, or outside this wave) adds nothing; calls over
+    disjoint subsets of the pairs fill the same rows, bit for bit, as one call over all
+    (waves of resident experts must not change a token)."""
+    pytest.importorskip("triton")
+    from sgl_kernel.moe import fused_moe, fused_moe_pairs
+
+    hidden, w13, w2, weights, ids = _case(9, 32, 24, 6, 2, torch.float32, seed=4)
+    held = ids.masked_fill(ids >= 3, -1)
+    torch.testing.assert_close(fused_moe(hidden, w13, w2, weights, held),
+                               fused_moe_reference(hidden, w13, w2, weights, held),
+                               rtol=1e-4, atol=1e-4)
+    whole = torch.zeros((ids.numel(), 32), device=DEVICE)
+    fused_moe_pairs(hidden, w13, w2, weights, ids, whole)
+    waves = torch.zeros_like(whole)
+    for wave in ((0, 4), (1, 2, 5), (3,)):
+        inside = torch.isin(ids, torch.tensor(wave, device=DEVICE))
+        fused_moe_pairs(hidden, w13, w2, weights, ids.masked_fill(~inside, -1), waves)
+    assert torch.equal(waves, whole)
+
+
+@pytest.mark.parametrize("slots", [None, 2], ids=["resident", "store-2-slots"])
+def test_the_moe_layer_runs_the_fused_kernel(tmp_path, slots) -> None:
+    """--moe-runner-backend triton through the whole engine (Scheduler, tiny Mixtral, every
+    expert resident or 2 of 8 in the store): the greedy tokens of the CPU path (float32)."""
+    pytest.importorskip("triton")
+    from sglang.test.moe_fixtures import build_tiny_moe
+    from sglang.test.scheduler_driver import greedy, make_scheduler, run
+
+    folder = build_tiny_moe("mixtral", str(tmp_path / "mixtral"))
+    prompts = [[1, 504, 3458, 282, 4649, 314], [1, 9591, 2337, 253, 655, 28, 281]]
+    kw = {} if slots is None else {"moe_expert_cache_slots": slots}
+    want = run(make_scheduler(folder, **kw), prompts, [greedy(8)] * 2)
+    sched = make_scheduler(folder, moe_runner_backend="triton", **kw)
+    assert {b.experts.runner for b in sched.runner.model.moe_blocks().values()} == {"triton"}
+    got = run(sched, prompts, [greedy(8)] * 2)
+    assert {r: ids for r, (ids, _) in got.items()} == {r: ids for r, (ids, _) in want.items()}
+    sched.check_all_free()
+    if slots:
+        assert sched.runner.expert_store.stats().total().loads > 0
+        sched.runner.expert_store.close()
+
+
 @pytest.mark.skipif(DEVICE == "cpu", reason="Triton's interpreter mishandles bfloat16 storage")
 def test_triton_fused_moe_bf16_on_gpu() -> None:
     from sgl_kernel.moe import fused_moe

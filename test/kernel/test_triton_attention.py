@@ -198,15 +198,18 @@ def test_gather_kv_indices_matches_table_rows(gen) -> None:
 
 # ---------------------------------------------------------------- GPU lowering, no GPU
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU the tests above compile the kernels")
-def test_kernels_compile_for_hopper() -> None:
-    """Each kernel, with the launch configuration its launcher picks on a GPU, compiles for
-    sm_90 with Triton's bundled ptxas and fits in shared memory (a process without the
-    interpreter; compiled kernels are cached, so reruns are quick)."""
+@pytest.mark.parametrize("arch", [80, 90], ids=["ampere", "hopper"])
+def test_kernels_compile_for_ampere_and_hopper(arch) -> None:
+    """Each kernel (attention and fused MoE), with the launch configuration its launcher
+    picks on a GPU, compiles for sm_80 (A100) and sm_90 (H100 / H200) with Triton's bundled
+    ptxas and fits in shared memory (a process without the interpreter; compiled kernels
+    are cached, so reruns are quick)."""
     triton_dir = importlib.util.find_spec("triton").submodule_search_locations[0]
     if not os.path.exists(os.path.join(triton_dir, "backends", "nvidia", "bin", "ptxas")):
         pytest.skip("this Triton has no bundled ptxas")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([KERNEL_DIR, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "sgl_kernel.attention.compile_check"],
+    proc = subprocess.run([sys.executable, "-m", "sgl_kernel.attention.compile_check",
+                           "--arch", str(arch)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

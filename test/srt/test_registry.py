@@ -29,6 +29,28 @@ def test_server_args_take_their_choices_from_the_registry():
         ServerArgs(model_path="x", speculative_algorithm="MEDUSA")
 
 
+def test_moe_runner_backends_here_and_where_they_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="use auto .* or triton"):
+        ServerArgs(model_path="x", moe_runner_backend="flashinfer_cutlass")
+    with pytest.raises(ValueError, match="needs --device cuda"):
+        ServerArgs(model_path="x", moe_runner_backend="triton")
+    assert ServerArgs(model_path="x", device="cuda", moe_runner_backend="triton")
+    from sglang.srt.layers.moe.runner import resolve_moe_runner
+
+    assert resolve_moe_runner("auto", "cpu") == "torch"
+    assert resolve_moe_runner("triton", "cuda:1") == "triton"
+
+
+def test_device_auto_picks_cuda_only_where_torch_sees_a_gpu():
+    import torch
+
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    args = ServerArgs(model_path="x", device="auto")
+    assert args.device == want
+    assert args.attention_backend == ("torch_native" if want == "cpu" else "triton")
+
+
 def test_an_ignored_upstream_flag_warns_only_when_set():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -34,7 +34,6 @@ IGNORED_FLAGS = {
     "watchdog_timeout": (300, "a dead child process takes the server down at once"),
     "schedule_conservativeness": (1.0, "admission reserves a fixed 16 slots per running "
                                        "request"),
-    "moe_runner_backend": ("auto", "MoE experts run through the CPU linear kernels"),
     "speculative_ngram_min_bfs_breadth": (1, "NGRAM trees are built from suffix matches "
                                              "(--speculative-num-draft-tokens)"),
     "speculative_ngram_max_bfs_breadth": (10, "NGRAM trees are built from suffix matches "
@@ -192,6 +191,10 @@ class ServerArgs:
             self.served_model_name = self.model_path
         if self.device is None:
             self.device = "cpu"
+        elif self.device == "auto":  # as upstream: CUDA where torch sees a GPU
+            import torch
+
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend is None:
             self.attention_backend = "torch_native" if self.device == "cpu" else "triton"
         if self.chunked_prefill_size is None:

@@ -1,4 +1,5 @@
-"""Compile the attention kernels for a GPU target without a GPU (Triton's bundled ptxas).
+"""Compile the Triton kernels (attention, fused MoE) for a GPU target without a GPU (Triton's
+bundled ptxas).
 
 `python -m sgl_kernel.attention.compile_check [--all] [--arch 90]` compiles each kernel with
 the exact launch configuration its launcher picks on a GPU, and fails when compilation
@@ -15,7 +16,7 @@ import sys
 import time
 from typing import Dict, List, Tuple
 
-# Hopper (sm_90): 227 KiB of shared memory per block.
+# Shared memory per block: Ampere A100 (sm_80) 163 KiB, Hopper (sm_90) 227 KiB.
 _SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 
@@ -70,6 +71,23 @@ def _cases(full: bool) -> List[Tuple[str, object, Dict, Dict, Dict]]:
     out.append(("gather kv indices", kv_indices._gather_rows_kernel, dict(BLOCK=1024),
                 {"table_ptr": "*i64", "rows_ptr": "*i64", "kv_indptr_ptr": "*i64",
                  "out_ptr": "*i64"}, {}))
+    out += _moe_cases(full)
+    return out
+
+
+def _moe_cases(full: bool) -> List[Tuple[str, object, Dict, Dict, Dict]]:
+    """The fused-MoE grouped GEMM at the tiles `fused_moe_pairs` launches: gate/up (output in
+    the activations' dtype) and down (fp32 rows times the routing weight)."""
+    from sgl_kernel.moe import fused_moe_triton as moe
+
+    tiles = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)
+    out = []
+    for t in ("bf16", "fp32") if full else ("bf16",):
+        for mul, c in ((False, t), (True, "fp32")):
+            types = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{c}", "w_ptr": "*fp32",
+                     "sorted_ids_ptr": "*i32", "block_experts_ptr": "*i32"}
+            out.append((f"fused moe {t} {'down' if mul else 'gate_up'}", moe._moe_gemm_kernel,
+                        dict(tiles, MUL_WEIGHT=mul), types, {}))
     return out
 
 

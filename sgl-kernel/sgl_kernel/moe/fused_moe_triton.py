@@ -62,17 +62,30 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, sorted_id
         MUL_WEIGHT=weights is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
 
 
+def fused_moe_pairs(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                    topk_weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor,
+                    block_m: int = 16, block_n: int = 32, block_k: int = 32) -> None:
+    """out[t * k + j] = w[t, j] * expert(ids[t, j])(hidden[t]) in float32 for every pair with
+    id >= 0; other rows of `out` ([T * k, H] float32) are left as they are. Each row is
+    computed by one block whatever the other pairs are, so calls over disjoint subsets of
+    the pairs (waves of a few resident experts) fill `out` exactly as one call over all."""
+    t, k = topk_ids.shape
+    inter = w13.shape[1] // 2
+    sorted_ids, block_experts, _ = moe_align_block_size(topk_ids, block_m, w13.shape[0])
+    if block_experts.numel() == 0:
+        return
+    gate_up = hidden.new_empty((t * k, 2 * inter))
+    _grouped_gemm(hidden, w13, gate_up, sorted_ids, block_experts, k, None, block_m, block_n, block_k)
+    act = (F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()).to(hidden.dtype)
+    weights = topk_weights.reshape(-1).float().contiguous()
+    _grouped_gemm(act, w2, out, sorted_ids, block_experts, 1, weights, block_m, block_n, block_k)
+
+
 def fused_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, block_m: int = 16,
               block_n: int = 32, block_k: int = 32) -> torch.Tensor:
     """Same contract as `fused_moe_reference`: hidden [T, H] -> [T, H]."""
     t, k = topk_ids.shape
-    inter = w13.shape[1] // 2
-    sorted_ids, block_experts, _ = moe_align_block_size(topk_ids, block_m, w13.shape[0])
-    gate_up = hidden.new_empty((t * k, 2 * inter))
-    _grouped_gemm(hidden, w13, gate_up, sorted_ids, block_experts, k, None, block_m, block_n, block_k)
-    act = (F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()).to(hidden.dtype)
-    down = torch.empty((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)
-    weights = topk_weights.reshape(-1).float().contiguous()
-    _grouped_gemm(act, w2, down, sorted_ids, block_experts, 1, weights, block_m, block_n, block_k)
+    down = torch.zeros((t * k, hidden.shape[1]), dtype=torch.float32, device=hidden.device)
+    fused_moe_pairs(hidden, w13, w2, topk_weights, topk_ids, down, block_m, block_n, block_k)
     return down.view(t, k, -1).sum(1).to(hidden.dtype)

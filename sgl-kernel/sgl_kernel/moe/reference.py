@@ -16,13 +16,15 @@ def fused_moe_reference(
     topk_ids: torch.Tensor,  # [T, k] int, expert (or slot) ids into w13 / w2
 ) -> torch.Tensor:  # [T, H]
     """sum_k w[t, k] * down(silu(gate(x_t)) * up(x_t)) of expert ids[t, k], token by token,
-    computed in float32."""
+    computed in float32; a pair with id -1 is left out (an expert not held here)."""
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     inter = w13.shape[1] // 2
     for t in range(hidden.shape[0]):
         x = hidden[t].float()
         for j in range(topk_ids.shape[1]):
             e = int(topk_ids[t, j])
+            if e < 0:
+                continue
             gate_up = w13[e].float() @ x
             act = F.silu(gate_up[:inter]) * gate_up[inter:]
             out[t] += topk_weights[t, j].float() * (w2[e].float() @ act)
@@ -34,11 +36,13 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int,
     """Sort (token, k) pairs by expert and pad each expert's run to a multiple of block_m.
 
     Returns (sorted_pair_ids [P] int32, where padding holds T*k; block_experts [P / block_m]
-    int32, the expert of each block; P). A pair id p is token p // k, choice p % k."""
+    int32, the expert of each block; P). A pair id p is token p // k, choice p % k. Pairs
+    with id -1 (experts not held here) are in no block."""
     flat = topk_ids.reshape(-1).to(torch.int64)
     num_pairs = flat.numel()
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    order = order[flat[order] >= 0]  # -1 sorts first: drop those pairs
+    counts = torch.bincount(flat[flat >= 0], minlength=num_experts)
     padded = (counts + block_m - 1) // block_m * block_m
     total = int(padded.sum())
     sorted_ids = torch.full((total,), num_pairs, dtype=torch.int32, device=topk_ids.device)

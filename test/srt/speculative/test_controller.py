@@ -225,6 +225,23 @@ def test_a_new_request_is_probed_where_a_well_drafted_one_would_pay(tiny_llama_d
     assert never[:2] == [1, 1] and never.count(1) >= 28  # plain but for a re-measure
 
 
+def test_the_probe_waits_for_its_verifies_but_not_for_ever():
+    """A step where the draft could not run (a catch-up that did not pay) does not use up the
+    probe; PROBE_WAIT plain steps without a verify end it (speculation loses even at 0.9)."""
+    from sglang.srt.speculative.controller import PROBE_RATE, PROBE_STEPS, PROBE_WAIT
+
+    c = ctl()
+    c.on_plain_tokens(1)
+    assert c.decision_rate() == PROBE_RATE
+    for _ in range(PROBE_STEPS):
+        c.on_verify(0, 3, 1)
+    assert c.decision_rate() == c.ema_rate < 0.7  # its own (rejected) drafts now
+    idle = ctl()
+    for _ in range(PROBE_WAIT):
+        idle.on_plain_tokens(1)
+    assert idle.decision_rate() == idle.ema_rate == 0.7
+
+
 def test_free_drafter_decisions_are_per_request(tiny_llama_dir):
     """N-grams: a request decides from its own acceptance; what other requests saw before
     it changes nothing (the same request, fresh or after others, gets the same states)."""

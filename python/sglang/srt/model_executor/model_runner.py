@@ -16,6 +16,7 @@ import torch
 
 from sglang.srt.layers.attention.base import create_attention_backend
 from sglang.srt.expert_offload.attach import attach_prefetcher
+from sglang.srt.layers.moe.runner import resolve_moe_runner, set_moe_runner
 from sglang.srt.expert_offload.config import OffloadConfig
 from sglang.srt.expert_offload.prefetcher import ExpertPrefetcher
 from sglang.srt.expert_offload.store import ExpertStore
@@ -86,6 +87,8 @@ class ModelRunner:
         offload = OffloadConfig.from_server_args(server_args)
         self.model, self.config = load_model(self.model_path, dtype=server_args.dtype,
                                              device=self.device, offload=offload)
+        set_moe_runner(self.model, resolve_moe_runner(server_args.moe_runner_backend,
+                                                      self.device))
         self.expert_store: Optional[ExpertStore] = getattr(self.model, "expert_store", None)
         self.prefetcher: Optional[ExpertPrefetcher] = None
         if self.expert_store is not None and offload.prefetching:

@@ -42,8 +42,9 @@ MAX_BACKOFF = 16
 # PROBE_RATE) so that it is measured on its own text wherever a well-drafted request would
 # pay: priors shared between requests had kept a quoting request (1.34x plain when it
 # speculated) from ever speculating after others drafted badly (docs/decisions.md).
-PROBE_STEPS = 2
+PROBE_STEPS = 2  # verifies weighed at PROBE_RATE
 PROBE_RATE = 0.9
+PROBE_WAIT = 4  # plain steps after which an unstarted probe is dropped (speculation loses)
 
 
 @dataclasses.dataclass
@@ -83,14 +84,16 @@ class RequestController:
     acceptance: Optional["AcceptanceEMA"] = None
     switches: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
     tokens_seen: int = 0
-    probe_left: int = PROBE_STEPS  # decode steps still weighed at PROBE_RATE
+    probe_left: int = PROBE_STEPS  # verifies still weighed at PROBE_RATE
+    probe_wait: int = PROBE_WAIT  # plain steps the probe still waits for its verifies
 
     def should_speculate(self) -> bool:
         return self.mode in (SPEC, PROBE)
 
     def decision_rate(self) -> float:
         """The acceptance the cost model weighs this request by: its own estimate, and at
-        least PROBE_RATE over its first PROBE_STEPS decode steps."""
+        least PROBE_RATE until its first PROBE_STEPS verifies (a step the draft could not
+        run, e.g. a catch-up that did not pay, leaves the probe for the next)."""
         return max(self.ema_rate, PROBE_RATE) if self.probe_left > 0 else self.ema_rate
 
     def rate(self) -> float:
@@ -109,10 +112,10 @@ class RequestController:
         """A verify offered `offered` positions, `accepted` were taken, `emitted` tokens
         appended; `break_even`: what this verify cost in plain steps (None: unpriced)."""
         self.tokens_seen += emitted
-        self.probe_left = max(self.probe_left - 1, 0)
         self._count_model_wait(emitted)
         if offered <= 0:
             return
+        self.probe_left = max(self.probe_left - 1, 0)
         if self.acceptance is None:
             self.acceptance = AcceptanceEMA(self.ema_rate, decay=0.8)
         self.ema_rate = self.acceptance.update(accepted, offered)
@@ -165,7 +168,9 @@ class RequestController:
 
     def on_plain_tokens(self, n: int) -> None:
         self.tokens_seen += n
-        self.probe_left = max(self.probe_left - 1, 0)
+        if self.probe_left:
+            self.probe_wait -= 1
+            self.probe_left = self.probe_left if self.probe_wait > 0 else 0
         self._count_model_wait(n)
         if self.mode != PLAIN:
             return

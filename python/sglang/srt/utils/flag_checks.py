@@ -4,11 +4,20 @@ that says what to change. Kept free of torch, like ServerArgs."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
 
 def check_moe_flags(args: Any) -> None:
+    if args.moe_runner_backend not in ("auto", "triton"):
+        raise ValueError(f"--moe-runner-backend {args.moe_runner_backend!r} is not available "
+                         "on this fork: use auto (the CPU linear kernels on CPU, the fused-MoE "
+                         "Triton kernel on CUDA) or triton (CUDA)")
+    if (args.moe_runner_backend == "triton" and args.device == "cpu"
+            and os.environ.get("TRITON_INTERPRET") != "1"):  # the interpreter: tests
+        raise ValueError("--moe-runner-backend triton needs --device cuda (Triton kernels "
+                         "compile for GPUs); on CPU leave it at auto")
     if args.moe_expert_cache_slots is not None and args.moe_expert_cache_slots < 1:
         raise ValueError("--moe-expert-cache-slots must be at least 1 (experts per layer kept "
                          "in the fast tier), or left unset to keep every expert resident")

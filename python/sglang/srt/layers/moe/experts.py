@@ -96,6 +96,7 @@ class MoEExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(slots, hidden_size, intermediate_size))
         self.store_backed = num_slots is not None
         self.store: Optional[ExpertSlots] = None
+        self.runner = "torch"  # or "triton": the fused-MoE kernel (layers/moe/runner.py)
         # (expert) -> checkpoint names of (gate, up, down), filled while loading weights
         self.expert_keys: Dict[int, list] = {}
 
@@ -136,18 +137,33 @@ class MoEExperts(nn.Module):
             elsewhere = (local < 0) | (local >= self.num_local_experts)
             # slot ids without a store; expert ids (the store's) with one
             ids = (ids if self.store_backed else local).masked_fill(elsewhere, -1)
-            out = hidden.new_zeros((*ids.shape, hidden.shape[-1]))
+        if self.runner == "triton":
+            out = self._fused(hidden, ids, routing.topk_weights)
         else:
-            out = hidden.new_empty((*ids.shape, hidden.shape[-1]))  # [T, k, H]
-        if self.store is None:
-            assert not self.store_backed, "store-backed experts used before attach_expert_store"
-            experts_forward_into(hidden, self.w13, self.w2, ids, out)
-        else:
-            self._forward_with_store(hidden, ids, out)
-        out = combine(out, routing.topk_weights, hidden.dtype)
+            pairs = (hidden.new_zeros if self.ep_size > 1 else hidden.new_empty)(
+                (*ids.shape, hidden.shape[-1]))  # [T, k, H]
+            self._run(ids, lambda w13, w2, slot_ids: experts_forward_into(
+                hidden, w13, w2, slot_ids, pairs))
+            out = combine(pairs, routing.topk_weights, hidden.dtype)
         return all_reduce(out) if self.tp_size > 1 else out  # partial sums under TP
 
-    def _forward_with_store(self, hidden: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
+    def _fused(self, hidden: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The fused-MoE Triton kernel: every pair's weighted fp32 row, then the sum over k."""
+        from sgl_kernel.moe import fused_moe_pairs
+
+        t, k = ids.shape
+        rows = torch.zeros((t * k, hidden.shape[-1]), dtype=torch.float32, device=hidden.device)
+        self._run(ids, lambda w13, w2, slot_ids: fused_moe_pairs(
+            hidden, w13, w2, weights, slot_ids, rows))
+        return rows.view(t, k, -1).sum(1).to(hidden.dtype)
+
+    def _run(self, ids: torch.Tensor, compute) -> None:
+        """compute(w13, w2, slot_ids) over the fast tier: at once when every expert is
+        resident, else in waves of the store's slots (a pair outside a wave: slot -1)."""
+        if self.store is None:
+            assert not self.store_backed, "store-backed experts used before attach_expert_store"
+            compute(self.w13, self.w2, ids)
+            return
         store, layer = self.store, self.layer_id
         needed = [e for e in torch.unique(ids).tolist() if e >= 0]  # -1: another EP rank's
         n = store.num_slots
@@ -168,7 +184,7 @@ class MoEExperts(nn.Module):
                 lut[list(lease.slot_of)] = torch.tensor(list(lease.slot_of.values()))
                 lut = lut.to(ids.device)
                 w13, w2 = store.weights(layer)
-                experts_forward_into(hidden, w13, w2, lut[ids], out)
+                compute(w13, w2, lut[ids])
             finally:
                 store.release(lease)
 
