@@ -201,26 +201,6 @@ def build_random_llama(path: str) -> str:
     return path
 
 
-def _cuda_adapter() -> None:
-    """Until ModelRunner moves batches to its device itself: move the index tensors in and
-    bring logits back to the CPU scheduler. A no-op once batches arrive on the device."""
-    from sglang.srt.model_executor.model_runner import ModelRunner
-
-    orig = ModelRunner.forward
-    if getattr(orig, "_gpu_check_adapter", False):
-        return
-
-    def forward(self, fb):
-        if str(self.device) == "cpu" or fb.input_ids.device.type != "cpu":
-            return orig(self, fb)
-        for f in ("input_ids", "positions", "out_cache_loc"):
-            setattr(fb, f, getattr(fb, f).to(self.device))
-        return orig(self, fb).cpu()
-
-    forward._gpu_check_adapter = True
-    ModelRunner.forward = forward
-
-
 def _sched(model_dir: str, device: str, dtype: str, **kw):
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.server_args import ServerArgs
@@ -245,7 +225,6 @@ def _prompts(batch: int, seed: int, base_len: int = 64, repeat: int = 4) -> List
 def engine_checks() -> None:
     from sglang.test.scheduler_driver import greedy, run
 
-    _cuda_adapter()
     try:  # the CPU reference below must not spend minutes JIT-building the CPU linear kernel
         import sglang.srt.layers.linear as linear
 
@@ -322,7 +301,6 @@ def moe_prefetch_checks() -> None:
     pass, in-time recall and the store's stall time."""
     from sglang.test.scheduler_driver import greedy, run
 
-    _cuda_adapter()
     dev = "cpu" if SMOKE else "cuda"
     model_dir = build_random_mixtral(tempfile.mkdtemp(prefix="gpu_check_mixtral_"))
     spec = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=model_dir,

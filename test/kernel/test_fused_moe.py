@@ -40,6 +40,23 @@ def test_align_block_size_covers_every_pair_once() -> None:
         assert all(int(ids.view(-1)[p]) == e for p in pairs)
 
 
+def test_static_alignment_has_the_pairs_of_the_exact_one_and_no_host_sync() -> None:
+    """The sync-free layout holds each expert's pairs in the same order as the exact one,
+    its extra blocks are expert -1, and it runs on the meta device (no host read)."""
+    from sgl_kernel.moe import moe_align_block_size_static
+
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 6, (13, 2), generator=g)
+    ids[3, 1] = ids[8, 0] = -1  # pairs held elsewhere
+    exact, exact_experts, total = moe_align_block_size(ids, 4, num_experts=6)
+    got, experts = moe_align_block_size_static(ids, 4, num_experts=6)
+    assert got.numel() % 4 == 0 and experts.numel() == got.numel() // 4
+    assert torch.equal(got[:total], exact) and torch.equal(experts[: total // 4], exact_experts)
+    assert (got[total:] == ids.numel()).all() and (experts[total // 4:] == -1).all()
+    meta_sorted, meta_experts = moe_align_block_size_static(ids.to("meta"), 4, num_experts=6)
+    assert meta_sorted.shape == got.shape and meta_experts.shape == experts.shape
+
+
 @pytest.mark.parametrize("t,h,inter,e,k", [(5, 32, 48, 4, 2), (19, 64, 32, 8, 3), (1, 32, 16, 6, 1)])
 def test_triton_fused_moe_matches_reference(t, h, inter, e, k) -> None:
     pytest.importorskip("triton")

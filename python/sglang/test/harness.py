@@ -8,7 +8,7 @@ radix cache. Invariant: after `release()` every KV slot and row is free again.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 
@@ -21,9 +21,14 @@ from sglang.srt.model_loader.loader import load_model
 
 
 class TinyRunner:
-    def __init__(self, model_path: str, dtype: Union[str, torch.dtype] = "float32",
-                 max_reqs: int = 4, max_context: int = 1024, kv_slots: int = 4096) -> None:
-        self.model, self.config = load_model(model_path, dtype=dtype)
+    def __init__(self, model_path: Optional[str], dtype: Union[str, torch.dtype] = "float32",
+                 max_reqs: int = 4, max_context: int = 1024, kv_slots: int = 4096,
+                 model: Optional[torch.nn.Module] = None, config=None) -> None:
+        """`model` + `config`: drive a module built elsewhere (a draft head) instead."""
+        if model is None:
+            self.model, self.config = load_model(model_path, dtype=dtype)
+        else:
+            self.model, self.config = model, config
         self.dtype = next(self.model.parameters()).dtype
         cfg = self.config
         self.req_pool = ReqToTokenPool(max_reqs, max_context)
@@ -78,7 +83,10 @@ class TinyRunner:
     # ---- batch building --------------------------------------------------------------------
 
     def _forward(self, mode: ForwardMode, chunks: Sequence[Sequence[int]],
-                 all_logits: bool) -> torch.Tensor:
+                 all_logits: bool, capture_layers: Optional[List[int]] = None, **model_kwargs):
+        """One forward; `capture_layers` asks the target for those layers' hidden states
+        (`self.last_batch.captured_hidden`), `model_kwargs` go to the model (a head's
+        features)."""
         assert len(chunks) == len(self.rows), "one chunk per running request"
         ext_lens = [len(c) for c in chunks]
         assert min(ext_lens) > 0, "every request must compute at least one token"
@@ -107,9 +115,11 @@ class TinyRunner:
             seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=ext_lens,
             logits_indices=torch.arange(total) if all_logits else None,
+            capture_layers=capture_layers,
         )
+        self.last_batch = fb
         self.backend.init_forward_metadata(fb)
         with torch.inference_mode():
-            logits = self.model(input_ids, positions, fb)
+            logits = self.model(input_ids, positions, fb, **model_kwargs)
         self.lens = seq_lens
         return logits

@@ -6,7 +6,8 @@ there: `srt/layers/moe/experts.py`); its CPU path runs the CPU linear kernels.
 Importing this package does not import triton; `fused_moe` imports it on first use.
 """
 
-from sgl_kernel.moe.reference import fused_moe_reference, moe_align_block_size
+from sgl_kernel.moe.reference import (fused_moe_reference, moe_align_block_size,
+                                      moe_align_block_size_static)
 
 
 def fused_moe(*args, **kwargs):
@@ -21,4 +22,5 @@ def fused_moe_pairs(*args, **kwargs):
     return _pairs(*args, **kwargs)
 
 
-__all__ = ["fused_moe", "fused_moe_pairs", "fused_moe_reference", "moe_align_block_size"]
+__all__ = ["fused_moe", "fused_moe_pairs", "fused_moe_reference", "moe_align_block_size",
+           "moe_align_block_size_static"]

@@ -1,7 +1,8 @@
 """Fused MoE in Triton: two grouped GEMMs over expert-sorted (token, choice) pairs.
 
-1. pairs are sorted by expert and padded per expert to BLOCK_M (`moe_align_block_size`), so
-   every block of BLOCK_M rows belongs to one expert;
+1. pairs are sorted by expert and padded per expert to BLOCK_M, so every block of BLOCK_M
+   rows belongs to one expert (`moe_align_block_size_static`: sized for the most padding,
+   so no host sync; the blocks past the end have expert -1 and return at once);
 2. `_moe_gemm_kernel` computes, per block and BLOCK_N columns, C[pair] = A[row(pair)] @ W[e]^T
    (rows of A are tokens for the first GEMM, pairs for the second), optionally times the
    pair's routing weight; padding rows are masked;
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sgl_kernel.moe.reference import moe_align_block_size
+from sgl_kernel.moe.reference import moe_align_block_size_static
 
 
 @triton.jit
@@ -28,6 +29,8 @@ def _moe_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, sorted_ids_ptr, block_experts_p
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
+    if expert < 0:  # a block past the pairs (the layout is sized without a host sync)
+        return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ids_ptr + offs_m).to(tl.int64)  # padding rows hold num_pairs
     valid = pair < num_pairs
@@ -71,9 +74,7 @@ def fused_moe_pairs(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     the pairs (waves of a few resident experts) fill `out` exactly as one call over all."""
     t, k = topk_ids.shape
     inter = w13.shape[1] // 2
-    sorted_ids, block_experts, _ = moe_align_block_size(topk_ids, block_m, w13.shape[0])
-    if block_experts.numel() == 0:
-        return
+    sorted_ids, block_experts = moe_align_block_size_static(topk_ids, block_m, w13.shape[0])
     gate_up = hidden.new_empty((t * k, 2 * inter))
     _grouped_gemm(hidden, w13, gate_up, sorted_ids, block_experts, k, None, block_m, block_n, block_k)
     act = (F.silu(gate_up[:, :inter].float()) * gate_up[:, inter:].float()).to(hidden.dtype)

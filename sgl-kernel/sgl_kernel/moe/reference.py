@@ -56,3 +56,34 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int,
         src += n
         dst += p
     return sorted_ids, block_experts, total
+
+
+def moe_align_block_size_static(topk_ids: torch.Tensor, block_m: int,
+                                num_experts: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`moe_align_block_size` without a host sync (a GPU step must not wait for the host
+    to learn how many pairs each expert got): the layout at its largest size, T*k pairs
+    plus block_m - 1 padding rows per expert, in whole blocks; the blocks past the real
+    end get expert -1 (the kernel skips them). Same pair order within each expert."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    num_pairs, dev = flat.numel(), flat.device
+    key = torch.where(flat >= 0, flat, torch.full_like(flat, num_experts))  # -1 sorts last
+    order = torch.argsort(key, stable=True)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    counts[num_experts] = 0  # pairs held elsewhere take no rows
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    padded_start = padded_end - padded
+    start = torch.cumsum(counts, 0) - counts
+    rows = -(-(num_pairs + num_experts * (block_m - 1)) // block_m) * block_m
+    sorted_key = key[order]
+    dst = padded_start[sorted_key] + torch.arange(num_pairs, device=dev) - start[sorted_key]
+    dst = torch.where(sorted_key < num_experts, dst, torch.full_like(dst, rows))  # dropped
+    sorted_ids = torch.full((rows + 1,), num_pairs, dtype=torch.int32, device=dev)
+    sorted_ids[dst] = order.to(torch.int32)
+    block_start = torch.arange(0, rows, block_m, device=dev)
+    block_experts = torch.searchsorted(padded_end[:num_experts].contiguous(), block_start,
+                                       right=True)
+    block_experts = torch.where(block_experts < num_experts, block_experts,
+                                torch.full_like(block_experts, -1)).to(torch.int32)
+    return sorted_ids[:rows], block_experts

@@ -59,6 +59,10 @@ class ForwardBatch:
     # Draft forwards for expert prefetch: called with (layer id, residual stream [T, H]) at
     # every layer's MLP input (what a target's router reads); None = nobody listens.
     residual_hook: Optional[Callable[[int, torch.Tensor], None]] = None
+    # EAGLE-3: target layers whose output hidden states the forward concatenates, in this
+    # order, into `captured_hidden` [num_tokens, len * hidden] (models/llama_eagle3.py)
+    capture_layers: Optional[List[int]] = None
+    captured_hidden: Optional[torch.Tensor] = None
 
     def pool_rows(self) -> List[int]:
         """req_to_token rows as Python ints: the host mirror when the builder filled it (no
