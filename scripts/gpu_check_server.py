@@ -131,10 +131,15 @@ def decode_rate(srv: ServerProcess, text: str, n: int) -> Dict:
         resp.raise_for_status()
         for line in resp.iter_lines():
             if line.startswith(b"data:") and line != b"data: [DONE]":
-                meta = json.loads(line[5:])["meta_info"]
+                chunk = json.loads(line[5:])
+                if "error" in chunk:  # the server's own message, not a KeyError here
+                    raise RuntimeError(f"stream error: {chunk['error']}")
+                meta = chunk["meta_info"]
                 if meta["completion_tokens"] > count:
                     count = meta["completion_tokens"]
                     stamps.append((time.perf_counter(), count))
+    if not stamps:
+        raise RuntimeError("the stream carried no tokens")
     (t0, n0), (t1, n1) = stamps[0], stamps[-1]
     return {"decode_tok_s": round((n1 - n0) / (t1 - t0), 1) if t1 > t0 else None,
             "prompt_tokens": meta["prompt_tokens"]}
@@ -149,12 +154,19 @@ def timings(device: str) -> List[Dict]:
     out = []
     for config in ("plain", "NGRAM"):
         extra = [] if config == "plain" else ["--speculative-algorithm", "NGRAM"]
-        srv = ServerProcess(model, ["--device", device, *extra], dtype="bfloat16")
+        try:
+            srv = ServerProcess(model, ["--device", device, *extra], dtype="bfloat16")
+        except Exception as e:  # reported, as check_model does
+            out.append({"config": config, "error": f"{type(e).__name__}: {str(e)[-1500:]}"})
+            continue
         try:
             for ctx in (1024, 7680):  # at most ~4 characters a token in this text
                 prompt = (PROMPTS[0] + " ") * (ctx * 4 // (len(PROMPTS[0]) + 1))
-                greedy(srv, prompt, 4)  # warm: the prefix is cached, kernels compiled
-                got = decode_rate(srv, prompt, 128)
+                try:
+                    greedy(srv, prompt, 4)  # warm: the prefix is cached, kernels compiled
+                    got = decode_rate(srv, prompt, 128)
+                except Exception as e:
+                    got = {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}
                 out.append({"config": config, "context": ctx, **got})
                 print(f"gpu_check_server: SmolLM2 {config} ~{ctx}: {got}", flush=True)
         finally:
@@ -189,10 +201,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="gpu_check_server_") as root:
         for name, spec in build_models(root, args.cpu_smoke).items():
+            if name == "SmolLM2-135M":  # the speed figures before the last model's checks:
+                result["timings"] = timings(device)  # a time limit then cuts correctness rows
+                save()
             result["rows"] += check_model(name, spec, device, dtypes)
             save()
-    if not args.cpu_smoke:
-        result["timings"] = timings(device)
     result["complete"] = True
     save()
     print(f"gpu_check_server: {'PASS' if result['passed'] else 'FAIL'} in {result['seconds']} s;"

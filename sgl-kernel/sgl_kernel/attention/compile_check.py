@@ -84,7 +84,9 @@ def _moe_cases(full: bool) -> List[Tuple[str, object, Dict, Dict, Dict]]:
     out = []
     for t in ("bf16", "fp32") if full else ("bf16",):
         for mul, c in ((False, t), (True, "fp32")):
-            types = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{c}", "w_ptr": "*fp32",
+            # without weights the launcher passes the output buffer as w_ptr
+            types = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{c}",
+                     "w_ptr": "*fp32" if mul else f"*{c}",
                      "sorted_ids_ptr": "*i32", "block_experts_ptr": "*i32"}
             out.append((f"fused moe {t} {'down' if mul else 'gate_up'}", moe._moe_gemm_kernel,
                         dict(tiles, MUL_WEIGHT=mul), types, {}))

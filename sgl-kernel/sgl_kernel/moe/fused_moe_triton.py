@@ -44,7 +44,7 @@ def _moe_gemm_kernel(a_ptr, b_ptr, c_ptr, w_ptr, sorted_ids_ptr, block_experts_p
                     mask=valid[:, None] & (kk[None, :] < K), other=0.0)
         b = tl.load(b_ptr + expert * stride_be + offs_n[None, :] * stride_bn + kk[:, None] * stride_bk,
                     mask=(offs_n[None, :] < N) & (kk[:, None] < K), other=0.0)
-        acc += tl.dot(a, b)
+        acc += tl.dot(a, b, input_precision="ieee")  # fp32 stays fp32 (no TF32)
     if MUL_WEIGHT:
         w = tl.load(w_ptr + pair, mask=valid, other=0.0)
         acc = acc * w[:, None]

@@ -1,6 +1,7 @@
 """Expert parallelism with the expert store: each of two real torch.distributed ranks (gloo,
 one thread each) holds half the experts, its own store over them with fewer slots than it
-owns, and its own draft-guided prefetcher; the ranks load only their own experts, greedy
+owns, and its own prefetcher (draft-guided, or the ensemble whose cut counts every rank's
+slots); the ranks load only their own experts, greedy
 and sampled tokens equal one process without a store, and every pool and slot is free."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def test_ep2_with_a_store_per_rank_equals_one_process(tiny_moe_dir, arch, spec):
     reference = {rid: ids for rid, (ids, _) in run(ref_sched, prompts, params).items()}
     ref_sched.check_all_free()
     kw = dict(tp_size=2, ep_size=2, moe_expert_cache_slots=2,
-              moe_prefetch_predictor="draft" if spec else "layer_ahead", **extra)
+              moe_prefetch_predictor="draft" if spec else "ensemble", **extra)
     ranks = run_ranks(functools.partial(scheduler_run, folder, prompts, params, kw), ep_size=2)
     for rank, got in enumerate(ranks):
         assert got["tokens"] == reference, (arch, rank)

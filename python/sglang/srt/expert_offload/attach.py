@@ -79,9 +79,12 @@ def attach_prefetcher(model: "MoECausalLM", cfg: OffloadConfig) -> ExpertPrefetc
                            b.gate.cfg.top_k) for i, b in blocks.items()}
     first = next(iter(blocks.values())).experts
     expert_bytes = (first.w13[0].numel() + first.w2[0].numel()) * first.w13.element_size()
+    # a cut over every expert (the ensemble's): this rank's slots times the EP size, so
+    # that this rank's share of the ranking can fill its own slots
+    slots = (store.num_slots if store.owned is None
+             else store.num_slots * first.num_experts // len(store.owned))
     predictor = build_predictor(cfg.predictor, views, _whole_embedding(model.model.embed_tokens),
-                                cfg.width,
-                                store.num_slots, cfg.keep_width, cfg.min_prob)
+                                cfg.width, slots, cfg.keep_width, cfg.min_prob)
     pf = ExpertPrefetcher(store, predictor, expert_bytes, PrefetchGate() if cfg.gate else None)
     for layer in model.model.layers:
         layer.hooks = pf

@@ -30,6 +30,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import torch
 
 from sglang.srt.expert_offload.sources import ExpertSource, close_source
+from sglang.srt.expert_offload.store_stats import LayerStats, StoreStats  # noqa: F401
 
 FREE, LOADING, RESIDENT = "free", "loading", "resident"
 # A scored prefetch evicts a kept expert only for one at least this many times likelier:
@@ -37,45 +38,6 @@ FREE, LOADING, RESIDENT = "free", "loading", "resident"
 # (docs/decisions.md).
 SWAP_MARGIN = 2.0
 _DEMAND, _PREFETCH, _STOP = (0,), 1, (9,)  # queue priorities (prefetch: (1, layer))
-
-
-@dataclasses.dataclass
-class LayerStats:
-    hits: int = 0  # acquire found the expert resident
-    misses: int = 0  # acquire had to load it (in the caller)
-    late: int = 0  # acquire found it still loading (a prefetch that came too late)
-    loads: int = 0  # completed loads, demand + prefetch
-    prefetch_loads: int = 0
-    bytes_loaded: int = 0
-    evictions: int = 0
-    dropped: int = 0  # prefetch requests refused: every other slot pinned, loading or protected
-    stall_seconds: float = 0.0  # time acquire spent waiting for loads
-    load_seconds: float = 0.0  # time the reads took (on a GPU: queueing the copies)
-
-    @property
-    def hit_rate(self) -> float:
-        n = self.hits + self.misses + self.late
-        return self.hits / n if n else 1.0
-
-
-@dataclasses.dataclass
-class StoreStats:
-    num_slots: int
-    layers: Dict[int, LayerStats]
-
-    def total(self) -> LayerStats:
-        out = LayerStats()
-        for s in self.layers.values():
-            for f in dataclasses.fields(LayerStats):
-                setattr(out, f.name, getattr(out, f.name) + getattr(s, f.name))
-        return out
-
-    def to_dict(self) -> dict:
-        total = self.total()
-        return {"num_slots": self.num_slots,
-                "total": {**dataclasses.asdict(total), "hit_rate": total.hit_rate},
-                "layers": {str(k): {**dataclasses.asdict(v), "hit_rate": v.hit_rate}
-                           for k, v in self.layers.items()}}
 
 
 @dataclasses.dataclass
@@ -205,10 +167,14 @@ class ExpertStore:
         that has a score yields its slot to a requested expert with a score SWAP_MARGIN
         times higher: of two likely experts, the clearly likelier holds the slot."""
         queued: List[int] = []
-        wanted = [e for e in dict.fromkeys(int(x) for x in expert_ids) if self.owns(e)]
+        wanted = list(dict.fromkeys(int(x) for x in expert_ids))
         scores = scores or {}
         with self._cond:
             lay = self._layers[layer]
+            for e in wanted:  # a bad id is an error on every rank, owned or not
+                if not 0 <= e < lay.num_experts:
+                    raise ValueError(f"expert id {e} out of range 0..{lay.num_experts - 1}")
+            wanted = [e for e in wanted if self.owns(e)]
             asked = set(wanted)
             keep = asked | {int(x) for x in protect}
             for i, e in enumerate(wanted):

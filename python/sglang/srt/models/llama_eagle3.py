@@ -136,8 +136,8 @@ class LlamaForCausalLMEagle3(nn.Module):
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Upstream's names into the fused parameters; raise on unknown or missing ones."""
         params: Dict[str, torch.Tensor] = dict(self.named_parameters())
-        params["d2t"] = self.d2t
-        pending = {(n, s) for n in params
+        params["d2t"] = self.d2t  # optional: zeros (draft id = target id) without it
+        pending = {(n, s) for n in params if n != "d2t"
                    for s in range(3 if ".qkv_proj." in n else 2 if ".gate_up_proj." in n else 1)}
         for name, tensor in weights:
             name = name[len("model."):] if name.startswith("model.") else name
@@ -157,6 +157,9 @@ class LlamaForCausalLMEagle3(nn.Module):
                 owner, leaf = target.rsplit(".", 1)
                 load_into(self.get_submodule(owner), leaf, params[target], tensor, shard, name)
             pending.discard((target, shard))
+        if ("lm_head.weight", 0) in pending:
+            raise ValueError("EAGLE-3 checkpoint has no lm_head.weight: heads that share the "
+                             "target's head (draft_vocab_size null) are not supported yet")
         if pending:
             missing = sorted({n for n, _ in pending})
             raise ValueError(f"EAGLE-3 checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")

@@ -44,7 +44,7 @@ MAX_BACKOFF = 16
 # speculated) from ever speculating after others drafted badly (docs/decisions.md).
 PROBE_STEPS = 2  # verifies weighed at PROBE_RATE
 PROBE_RATE = 0.9
-PROBE_WAIT = 4  # plain steps after which an unstarted probe is dropped (speculation loses)
+PROBE_WAIT = 4  # plain steps (in all) before the probe's verifies are done: it ends then
 
 
 @dataclasses.dataclass
@@ -93,7 +93,8 @@ class RequestController:
     def decision_rate(self) -> float:
         """The acceptance the cost model weighs this request by: its own estimate, and at
         least PROBE_RATE until its first PROBE_STEPS verifies (a step the draft could not
-        run, e.g. a catch-up that did not pay, leaves the probe for the next)."""
+        run, e.g. a catch-up that did not pay, leaves the probe for the next, up to
+        PROBE_WAIT plain steps in all: then speculation loses even at PROBE_RATE)."""
         return max(self.ema_rate, PROBE_RATE) if self.probe_left > 0 else self.ema_rate
 
     def rate(self) -> float:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 
-MOE_RUNNER_BACKENDS = ("auto", "triton")  # what --moe-runner-backend accepts here
-
-
 def resolve_moe_runner(backend: str, device: str) -> str:
-    """'triton' or 'torch' for `--moe-runner-backend backend` on `device`."""
+    """'triton' or 'torch' for `--moe-runner-backend backend` on `device` (the choices are
+    checked with the other flags, utils/flag_checks.py)."""
     if backend == "triton":
+        if importlib.util.find_spec("triton") is None:
+            raise ValueError("--moe-runner-backend triton needs the `triton` package "
+                             "(pip install triton), or leave it at auto")
         return "triton"
     if str(device).startswith("cuda") and importlib.util.find_spec("triton") is not None:
         return "triton"
