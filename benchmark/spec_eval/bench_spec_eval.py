@@ -6,7 +6,8 @@ configuration runs in its own process, one request at a time, greedy, `--new-tok
 tokens with `ignore_eos`, bf16. Inside a process the rounds interleave the prompts (all 12,
 then all 12 again; the first round pays the prefills, later rounds hit the prefix cache);
 decode tok/s is timed per engine step that emitted tokens, after the first token, so the
-prefill is never in it. Each configuration's results are kept under
+prefill is never in it; beside it, the time to the first token and end-to-end tok/s (from
+adding the request to its last token: the prefill and a draft's read of the prompt in it). Each configuration's results are kept under
 `benchmark/results/<name>_parts/`; a rerun skips the configurations already there
 (`--fresh` to redo them), so an interrupted run resumes. With `--groups` the configurations
 of a group are loaded together and decode in turns, round by round (`turns.py`): the VM's
@@ -34,7 +35,7 @@ from typing import Dict, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from common import RESULTS, machine_info, plot_bars, save, vllm_env  # noqa: E402
-from spec_eval.step_timing import decode_rate  # noqa: E402
+from spec_eval.step_timing import decode_rate, first_token_and_total  # noqa: E402
 from spec_eval.turns import Turn, done_turn, ready, wait_turn  # noqa: E402
 
 OURS = {"plain": {}, "NGRAM": {"speculative_algorithm": "NGRAM"},
@@ -72,6 +73,7 @@ def ours_worker(config: str, target: str, draft: str, prompts: List[Dict], round
         for p in prompts:
             params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
             params.normalize()
+            start = time.perf_counter()
             sched.add_request(TokenizedGenerateReqInput(rid=f"{p['name']}#{r}",
                                                         input_ids=p["ids"],
                                                         sampling_params=params, stream=True))
@@ -84,7 +86,9 @@ def ours_worker(config: str, target: str, draft: str, prompts: List[Dict], round
                     if u.finished_reason is not None:
                         meta = dict(u.extra_meta or {})
             rate = decode_rate(stamps)
+            ttft, e2e = first_token_and_total(stamps, start)
             results.append({"name": p["name"], "round": r, "decode_tok_s": rate,
+                            "ttft_s": ttft, "e2e_tok_s": e2e,
                             "steps": len(stamps), "output_ids": ids,
                             "accept_length": meta.get("spec_accept_length"),
                             "fallbacks": meta.get("spec_fallback_count"),
@@ -165,8 +169,14 @@ def summarize(prompts: List[Dict], runs: Dict[str, List[Dict]]) -> Dict[str, Dic
             # change bf16 plain output itself
             ref = {x["round"]: x["output_ids"] for x in base if x["name"] == p["name"]}
             same = [x["output_ids"] == ref.get(x["round"]) for x in mine]
+            e2e = [x["e2e_tok_s"] for x in mine if x.get("e2e_tok_s")]
+            ttft = [x["ttft_s"] for x in mine if x.get("ttft_s") is not None]
             row[c] = {"median_tok_s": round(statistics.median(rates), 2) if rates else None,
                       "rounds_tok_s": [round(v, 2) for v in rates],
+                      # request to last token (prefill and a draft's prompt read included);
+                      # absent in parts written before it was recorded
+                      "median_e2e_tok_s": round(statistics.median(e2e), 2) if e2e else None,
+                      "median_ttft_s": round(statistics.median(ttft), 3) if ttft else None,
                       "steps": mine[-1]["steps"], "accept_length": mine[-1].get("accept_length"),
                       "fallbacks": mine[-1].get("fallbacks"),
                       "same_tokens_as_own_plain": all(same),
@@ -174,9 +184,11 @@ def summarize(prompts: List[Dict], runs: Dict[str, List[Dict]]) -> Dict[str, Dic
                       "agree_prefix": min(agreement(x["output_ids"], ref.get(x["round"], []))
                                           for x in mine)}
         plain = row["plain"]["median_tok_s"] if "plain" in row else None
+        plain_e2e = row["plain"]["median_e2e_tok_s"] if "plain" in row else None
         for c in row:
-            v = row[c]["median_tok_s"]
+            v, e = row[c]["median_tok_s"], row[c]["median_e2e_tok_s"]
             row[c]["x_our_plain"] = round(v / plain, 3) if v and plain else None
+            row[c]["e2e_x_our_plain"] = round(e / plain_e2e, 3) if e and plain_e2e else None
         table[p["name"]] = row
     return table
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timing import decode_rate  # noqa: E402
+from step_timing import decode_rate, first_token_and_total  # noqa: E402
 from turns import done_turn, ready, wait_turn  # noqa: E402
 
 if __name__ == "__main__":  # vLLM's CPU worker re-imports the main module
@@ -33,6 +33,7 @@ if __name__ == "__main__":  # vLLM's CPU worker re-imports the main module
         wait_turn(r)
         for p in prompts:
             rid = f"{p['name']}#{r}"
+            start = time.perf_counter()
             engine.add_request(rid, {"prompt_token_ids": p["ids"]}, params)
             stamps, ids, seen = [], [], 0
             while engine.has_unfinished_requests():
@@ -42,7 +43,9 @@ if __name__ == "__main__":  # vLLM's CPU worker re-imports the main module
                         stamps.append((time.perf_counter(), len(got) - seen))
                         seen, ids = len(got), got
             rate = decode_rate(stamps)
+            ttft, e2e = first_token_and_total(stamps, start)
             results.append({"name": p["name"], "round": r, "decode_tok_s": rate,
+                            "ttft_s": ttft, "e2e_tok_s": e2e,
                             "steps": len(stamps), "output_ids": ids})
             print(f"[vllm {cfg}] round {r + 1} {p['name']}: "
                   f"{rate and round(rate, 2)} tok/s, {len(stamps)} steps", flush=True)
