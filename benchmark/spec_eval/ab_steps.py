@@ -25,6 +25,7 @@ for a in algos:
     if a in ("HYBRID", "STANDALONE"): kw["speculative_draft_model_path"] = draft
     scheds.append(Scheduler(ServerArgs(model_path=target, dtype="bfloat16", context_length=longest,
                              max_total_tokens=sum(len(p["ids"]) + 64 for p in prompts) + 4096, **kw)))
+    scheds[-1].calibrate()  # as the server's scheduler process does
 for p in prompts:
     st = {}
     for a, s in zip(algos, scheds):

@@ -66,6 +66,7 @@ def ours_worker(config: str, target: str, draft: str, prompts: List[Dict], round
         kw["speculative_draft_model_path"] = draft
     sched = Scheduler(ServerArgs(model_path=target, dtype="bfloat16", context_length=longest,
                                  max_total_tokens=total, **kw))
+    sched.calibrate()  # as the server's scheduler process does (the cost model's start-up)
     ready()
     results = []
     for r in range(rounds):
