@@ -54,6 +54,6 @@ def build_forward_batch(plan: StepPlan, req_to_token_pool, runner,
         attn_backend=runner.attn_backend, seq_lens_cpu=seq_lens,
         extend_seq_lens_cpu=list(nums), req_pool_indices_cpu=pool_rows,
         logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
-        custom_mask=masks if trees else None,
+        custom_mask=masks if trees else None, capture_layers=plan.capture_layers,
     )
     return fb, rows

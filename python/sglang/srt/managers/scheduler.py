@@ -61,6 +61,7 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
                                    self.context_len, self.allocator.size, self.prefill_budget,
                                    target_params=_num_params(self.runner.model),
                                    grammar_backend=self.grammar_backend)
+            self.spec.bind_target(self.runner)
         tree_room = self.spec.max_tree_nodes if self.spec else 0
         self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + tree_room + 8,
                                                 device=self.runner.device)
@@ -202,7 +203,9 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
             self.hooks.before_forward(plan)  # loads for the pass's own tokens
             fb, rows = build_forward_batch(plan, self.req_to_token_pool, self.runner,
                                            self.outputs)
-            self._postprocess(plan, self.runner.forward(fb), rows)
+            logits = self.runner.forward(fb)
+            plan.captured = fb.captured_hidden  # an EAGLE-3 head's features, if asked
+            self._postprocess(plan, logits, rows)
         self.hooks.after_forward(plan)  # acceptance, draft catch-up, cost model
         # gates time the whole step (rank 0's time on every TP rank)
         self.hooks.after_step(plan, rank0_value(time.perf_counter() - t0))
@@ -326,6 +329,7 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         tree_slots = row[req.kv_len : req.kv_len + len(tree)].clone()
         keep = result.path[:emitted]  # the root plus every accepted node still in the output
+        it.kept = keep
         row[req.kv_len : req.kv_len + len(keep)] = tree_slots[keep]
         dropped = torch.ones(len(tree), dtype=torch.bool, device=tree_slots.device)
         dropped[keep] = False

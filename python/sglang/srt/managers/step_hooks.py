@@ -87,9 +87,12 @@ class SpeculationHook(StepHook):
         for it, tree in zip(decoding, proposal.trees):
             it.tree = tree
         plan.budget, plan.typical = proposal.budget, proposal.typical
+        plan.capture_layers = self.spec.capture_layers
 
     def after_forward(self, plan: StepPlan) -> None:
         spec = self.spec
+        if plan.captured is not None:  # before any catch-up below reads them
+            spec.take_hidden(plan)
         for it in plan.items:
             if it.tree is not None:
                 spec.record(it.req, it.offered, it.accepted, it.emitted)

@@ -6,6 +6,8 @@ import dataclasses
 from typing import TYPE_CHECKING, List, Optional
 
 if TYPE_CHECKING:
+    import torch
+
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.speculative.tree import DraftTree
 
@@ -19,6 +21,7 @@ class ScheduledReq:
     offered: int = 0
     accepted: int = 0
     emitted: int = 0
+    kept: Optional[List[int]] = None  # after a verify: the tree nodes whose KV was kept
 
     @property
     def num_tokens(self) -> int:
@@ -44,6 +47,9 @@ class StepPlan:
     decode_only: bool  # every request decodes (no prompt chunk): a step the gates may time
     budget: int = 1  # speculation's tree budget for the step (1 = plain decoding)
     typical: bool = True  # False: the step's time says little about its budget
+    # target layers whose hidden states the forward hands the drafter (EAGLE-3), and them
+    capture_layers: Optional[List[int]] = None
+    captured: Optional["torch.Tensor"] = None  # [rows of the forward, layers * hidden]
 
     @property
     def reqs(self) -> List["Req"]:

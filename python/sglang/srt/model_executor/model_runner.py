@@ -129,8 +129,10 @@ class ModelRunner:
         return max(64, min(by_ram, by_need))
 
     @torch.inference_mode()
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, fb: ForwardBatch, **model_inputs):
+        """The model's output for `fb` (logits; an EAGLE-3 head also takes its features
+        and returns its own output beside them, `model_inputs`)."""
         fb.attn_backend = self.attn_backend
         fb.token_to_kv_pool = self.kv_pool
         self.attn_backend.init_forward_metadata(fb)
-        return self.model(fb.input_ids, fb.positions, fb)
+        return self.model(fb.input_ids, fb.positions, fb, **model_inputs)

@@ -137,6 +137,7 @@ class LlamaForCausalLMEagle3(nn.Module):
         """Upstream's names into the fused parameters; raise on unknown or missing ones."""
         params: Dict[str, torch.Tensor] = dict(self.named_parameters())
         params["d2t"] = self.d2t  # optional: zeros (draft id = target id) without it
+        self.d2t.zero_()  # built on the meta device: no values until loaded
         pending = {(n, s) for n in params if n != "d2t"
                    for s in range(3 if ".qkv_proj." in n else 2 if ".gate_up_proj." in n else 1)}
         for name, tensor in weights:

@@ -75,8 +75,14 @@ class MoEModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         cos_sin = self.rotary_emb.cos_sin(positions, hidden.dtype)
         residual = None
-        for layer in self.layers:
+        capture = fb.capture_layers  # an EAGLE-3 head reads three layers' outputs
+        taken: Dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
             hidden, residual = layer(hidden, residual, cos_sin, fb)
+            if capture and i in capture:
+                taken[i] = hidden + residual
+        if capture:
+            fb.captured_hidden = torch.cat([taken[i] for i in capture], dim=-1)
         return hidden, residual
 
 

@@ -123,6 +123,28 @@ class SpecWorker:
             self.controllers[req.rid] = ctl
         return ctl
 
+    # ------------------------------------------------------------------ the target's features
+    def bind_target(self, runner) -> None:
+        """The target is built (an EAGLE-3 head shares its embedding)."""
+        self.drafter.bind_target(runner.model, runner.config)
+
+    @property
+    def capture_layers(self) -> Optional[List[int]]:
+        """Target layers every target forward hands the drafter (None: none)."""
+        return self.drafter.target_layers()
+
+    def take_hidden(self, plan) -> None:
+        """Hand the drafter the features of what each request's forward kept: a prompt
+        chunk's or a decode's rows, a verify's accepted path (its rows, root first)."""
+        offset = 0
+        for it in plan.items:
+            rows = plan.captured[offset: offset + it.num_tokens]
+            offset += it.num_tokens
+            if it.tree is not None:
+                kept = it.kept or [0]
+                rows = rows[torch.tensor(kept, dtype=torch.int64, device=rows.device)]
+            self.drafter.on_target_hidden(it.req, it.req.kv_len - len(rows), rows)
+
     @property
     def max_tree_nodes(self) -> int:
         return self.num_draft_tokens

@@ -132,6 +132,17 @@ class Drafter(ABC):
         """Did the latest proposal run a draft model's forwards for `req`? (its price)"""
         return not self.costs_nothing
 
+    def target_layers(self) -> Optional[List[int]]:
+        """Target layers whose hidden states the drafter reads (an EAGLE-3 head), else None."""
+        return None
+
+    def bind_target(self, model, config) -> None:
+        """The target model is built: a head takes its embedding and checks its width."""
+
+    def on_target_hidden(self, req: "Req", start: int, hidden: torch.Tensor) -> None:
+        """The target computed tokens [start, start + len(hidden)) of `req`; `hidden`:
+        their `target_layers` concatenated (only asked of drafters that name layers)."""
+
     def observe(self, observer: DraftObserver) -> None:
         """Tell `observer` about each proposal as it is drafted (drafters with a model)."""
 

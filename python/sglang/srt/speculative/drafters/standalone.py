@@ -179,7 +179,7 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
         """Tokens the draft is behind on for `req` (what its next catch-up reads; a
         streaming view skips what would leave its window unread)."""
         ctx = self.contexts.get(req.rid)
-        behind = max(0, req.fill_len - (ctx.computed if ctx is not None else 0))
+        behind = max(0, self._end(req) - (ctx.computed if ctx is not None else 0))
         cfg = self.kv.cfg
         return min(behind, cfg.sink + cfg.window) if cfg.policy == "streaming" else behind
 
@@ -193,6 +193,19 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
             self._evict(short)  # the cache's unlocked draft KV goes first
         return total <= self.allocator.available_size()
 
+    # ------------------------------------------------------------------ what the draft reads
+    def _sequence(self, req) -> List[int]:
+        """The ids of the draft's rows, by row index (a head's rows are shifted by one)."""
+        return req.fill_ids
+
+    def _end(self, req) -> int:
+        """Rows the draft holds once caught up; the last one's logits draft past the root."""
+        return req.fill_len
+
+    def _target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids as the target's (a head with a reduced vocabulary maps)."""
+        return ids
+
     # ------------------------------------------------------------------ propose
     def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
         steps = self.num_steps if depth is None else max(1, min(depth, self.num_steps))
@@ -200,15 +213,15 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
         for r in reqs:
             ctx = self.context(r)
             # Keep draft KV strictly before the root, so catch-up always yields root logits.
-            self.kv.truncate(ctx, r.fill_len - 1)
-            need = self.kv.need(ctx, r.fill_len) + self.tree_slots
+            self.kv.truncate(ctx, self._end(r) - 1)
+            need = self.kv.need(ctx, self._end(r)) + self.tree_slots
             # Short of draft slots: this request decodes plainly this step.
             if self._reserve(reserved + need):
                 reserved += need
                 live.append(r)
-        self._read = CatchUpRecord(sum(r.fill_len - self.contexts[r.rid].computed for r in live),
-                                   len(live))
-        root_logits = self._catch_up(live, [r.fill_len for r in live], want_logits=True)
+        self._read = CatchUpRecord(sum(self._end(r) - self.contexts[r.rid].computed
+                                       for r in live), len(live))
+        root_logits = self._catch_up(live, [self._end(r) for r in live], want_logits=True)
         for r in live:
             self.kv.step_done(self.contexts[r.rid])
         trees = self._grow(live, root_logits, [budgets[reqs.index(r)] for r in live], steps)
@@ -227,7 +240,7 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
                                              seconds=rank0_value(time.perf_counter() - t0))
 
     def _extend(self, reqs, ends: List[int], want_logits: bool) -> List[Optional[torch.Tensor]]:
-        tokens = [r.fill_ids for r in reqs]
+        tokens = [self._sequence(r) for r in reqs]
         ctxs = [self.context(r) for r in reqs]
         logits: List[Optional[torch.Tensor]] = [None] * len(reqs)
         while True:
@@ -315,7 +328,8 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
                 lps = torch.log_softmax(logits[i].float(), dim=-1)
                 top = torch.topk(lps, self.topk, dim=-1)
                 for f, node in enumerate(frontier[i]):
-                    for lp, tok in zip(top.values[f].tolist(), top.indices[f].tolist()):
+                    for lp, tok in zip(top.values[f].tolist(),
+                                       self._target_ids(top.indices[f]).tolist()):
                         children.append(tree.add(tok, node, tree.scores[node] + lp))
                 # The next level expands only the best `topk` new nodes (EAGLE-2 beam).
                 children.sort(key=lambda c: -tree.scores[c])
@@ -356,7 +370,8 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
         fb = self._batch(reqs, ids, torch.tensor(pos, dtype=torch.int64), seq_lens, ext,
                          new_slots, list(range(len(ids))), kv_indices=kv_idx, custom_mask=masks)
         rids = [r.rid for r, front in zip(reqs, frontier) for _ in front]
-        out = self._forward_telling(fb, rids, ids, list(range(len(ids))))
+        nodes = [(tree, node) for tree, front in zip(trees, frontier) for node in front]
+        out = self._forward_telling(fb, rids, ids, list(range(len(ids))), nodes=nodes)
         split, start = [], 0
         for e in ext:
             split.append(out[start : start + e])
@@ -364,11 +379,12 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
         return split
 
     def _forward_telling(self, fb: ForwardBatch, rids: List[str], tokens: List[int],
-                         rows: List[int], read: Optional[Tuple[List[str], List[int]]] = None
-                         ) -> torch.Tensor:
+                         rows: List[int], read: Optional[Tuple[List[str], List[int]]] = None,
+                         nodes: Optional[List[Tuple[DraftTree, int]]] = None) -> torch.Tensor:
         """runner.forward; for an observer that wants them, also each layer's residual stream
         at `rows` (the proposal's roots or nodes: what the target's routers will read) and
-        at the catch-up tokens it learns from (read = (rid, token index) per row)."""
+        at the catch-up tokens it learns from (read = (rid, token index) per row; a tree
+        level's forward passes `nodes` instead, (tree, node) per row)."""
         tell = bool(rows) and self.observer.wants_hidden()
         limit = self.observer.catch_up_rows() if read else 0
         learn_rows = [j for j, t in enumerate(read[1]) if t < limit] if limit else []
