@@ -25,20 +25,23 @@ def corpus_files(path: str) -> List[str]:
 def token_sequences(tokenizer, path: str, seq_len: int, max_sequences: int = 0
                     ) -> List[List[int]]:
     """Each document tokenized (BOS as the tokenizer adds it) and cut into pieces of
-    `seq_len` tokens (a shorter last piece kept if at least 16 tokens)."""
-    out: List[List[int]] = []
+    `seq_len` tokens (a shorter last piece kept if at least 16 tokens). With
+    `max_sequences`, pieces are taken from the documents in turn (every document is
+    represented, not only the first long one)."""
+    per_doc: List[List[List[int]]] = []
     for name in corpus_files(path):
         with open(name, encoding="utf-8", errors="replace") as f:
             ids = tokenizer(f.read()).input_ids
-        for start in range(0, len(ids), seq_len):
-            piece = ids[start: start + seq_len]
-            if len(piece) >= 16:
-                out.append(piece)
-            if max_sequences and len(out) >= max_sequences:
-                return out
+        pieces = [ids[s: s + seq_len] for s in range(0, len(ids), seq_len)]
+        per_doc.append([p for p in pieces if len(p) >= 16])
+    out: List[List[int]] = []
+    for k in range(max((len(d) for d in per_doc), default=0)):
+        for doc in per_doc:
+            if k < len(doc):
+                out.append(doc[k])
     if not out:
         raise ValueError(f"--corpus {path!r}: no document of at least 16 tokens")
-    return out
+    return out[:max_sequences] if max_sequences else out
 
 
 def draft_vocabulary(sequences: Sequence[Sequence[int]], size: int, vocab_size: int

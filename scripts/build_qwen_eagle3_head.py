@@ -1,0 +1,58 @@
+"""Train (or resume) the EAGLE-3 head for Qwen2.5-Coder-0.5B on legal texts, cached.
+
+Trains on the legal documents of scripts/fetch_legal_docs.py except those the held-out
+evaluation asks about (benchmark/spec_eval/eval_set.py: DORA, CRA, the Esri licence; the
+table contract is generated there), and writes the head to
+~/.cache/sglang-fork/heads/qwen2.5-coder-0.5b-eagle3/ (not committed: ~60 MB). Rerunning
+resumes; --max-steps higher goes on training.
+
+    python scripts/build_qwen_eagle3_head.py [--max-steps 300] [--max-sequences 160]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+
+from sglang.eagle_train.trainer import TrainConfig, train  # noqa: E402
+from sglang.test import real_assets  # noqa: E402
+
+HELD_OUT = {"dora", "cra", "license_esri"}  # the held-out eval's documents
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--max-steps", type=int, default=300)
+    ap.add_argument("--max-sequences", type=int, default=160)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--draft-vocab-size", type=int, default=16384)
+    ap.add_argument("--output-dir", default=os.path.expanduser(
+        "~/.cache/sglang-fork/heads/qwen2.5-coder-0.5b-eagle3"))
+    a = ap.parse_args(argv)
+    legal = real_assets.legal_dir()
+    names = sorted(f[:-4] for f in os.listdir(legal) if f.endswith(".txt"))
+    train_docs = [n for n in names if n not in HELD_OUT]
+    if not train_docs:
+        raise SystemExit(f"no legal texts in {legal}: run scripts/fetch_legal_docs.py")
+    corpus = os.path.join(a.output_dir, "corpus")
+    os.makedirs(corpus, exist_ok=True)
+    for n in train_docs:
+        link = os.path.join(corpus, n + ".txt")
+        if not os.path.exists(link):
+            os.symlink(os.path.join(legal, n + ".txt"), link)
+    target = os.path.join(real_assets.models_dir(), "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    summary = train(TrainConfig(target, corpus, a.output_dir, max_steps=a.max_steps,
+                                seq_len=a.seq_len, max_sequences=a.max_sequences,
+                                draft_vocab_size=a.draft_vocab_size, save_every=50))
+    summary["train_documents"] = train_docs
+    summary["held_out"] = sorted(HELD_OUT)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
