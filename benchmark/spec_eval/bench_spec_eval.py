@@ -16,6 +16,9 @@ drift then falls on every configuration of the group alike.
     python benchmark/spec_eval/bench_spec_eval.py --vllm-python ~/vllm-env/bin/python
         [--rounds 2] [--new-tokens 64] [--only plain,NGRAM]
         [--groups "plain,NGRAM,vllm plain,vllm ngram k10 l1-4;HYBRID,STANDALONE"]
+    python benchmark/spec_eval/bench_spec_eval.py --target-path QWEN_0.5B.gguf \
+        --eagle3-head ~/.cache/sglang-fork/heads/qwen2.5-coder-0.5b-eagle3 \
+        --groups "plain,NGRAM,EAGLE3" --max-doc-tokens 4096 --name spec_eval_eagle3_05b
 
 Writes benchmark/results/spec_eval.json and .png (decode tok/s over our plain).
 """
@@ -40,7 +43,10 @@ from spec_eval.turns import Turn, done_turn, ready, wait_turn  # noqa: E402
 
 OURS = {"plain": {}, "NGRAM": {"speculative_algorithm": "NGRAM"},
         "STANDALONE": {"speculative_algorithm": "STANDALONE"},
-        "HYBRID": {"speculative_algorithm": "HYBRID"}}
+        "HYBRID": {"speculative_algorithm": "HYBRID"},
+        # the head of --eagle3-head: a chain of 3 (the defaults) and a tree of width 2
+        "EAGLE3": {"speculative_algorithm": "EAGLE3"},
+        "EAGLE3 tree": {"speculative_algorithm": "EAGLE3", "speculative_eagle_topk": 2}}
 # vLLM's ngram at three settings: k=10 with short lookups (its best in the issue's run), the
 # documented example (k=5, lookup 4..2), and k=10 with longer lookups
 VLLM = {"vllm plain": {},
@@ -109,9 +115,13 @@ def part_file(args, config: str) -> str:
 def worker_cmd(config: str, args, prompts_file: str, target: str, draft: str, hf_dir: str,
                tok_dir: str):
     part = part_file(args, config)
+    if config.startswith("EAGLE3"):
+        if not args.eagle3_head:
+            sys.exit("EAGLE3 needs --eagle3-head DIR (scripts/build_qwen_eagle3_head.py)")
+        draft = args.eagle3_head
     if config in OURS:
         return [sys.executable, os.path.abspath(__file__), "--worker", config, "--target",
-                target, "--draft", draft, "--prompts-file", prompts_file, "--out-file", part,
+                target, "--draft", draft or "", "--prompts-file", prompts_file, "--out-file", part,
                 "--rounds", str(args.rounds), "--new-tokens", str(args.new_tokens)
                 ], dict(os.environ)
     return [args.vllm_python, os.path.join(HERE, "vllm_worker.py"), hf_dir, tok_dir,
@@ -208,6 +218,11 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="redo configurations already kept")
     ap.add_argument("--name", default="spec_eval")
     ap.add_argument("--max-doc-tokens", type=int, default=16384, help="a smaller set (smoke)")
+    ap.add_argument("--target-path", default=None,
+                    help="the target alone (e.g. the 0.5B GGUF) instead of the Qwen pair; "
+                         "STANDALONE/HYBRID then need --draft-path")
+    ap.add_argument("--draft-path", default=None)
+    ap.add_argument("--eagle3-head", default=None, help="an EAGLE-3 head folder for EAGLE3")
     ap.add_argument("--worker", default=None)
     ap.add_argument("--target", default=None)
     ap.add_argument("--draft", default=None)
@@ -228,13 +243,20 @@ def main() -> None:
     from sglang.test.real_assets import qwen_pair
     from spec_eval.eval_set import eval_prompts
 
-    pair = qwen_pair()
-    if not pair:
-        sys.exit("run scripts/fetch_real_models.py first (Qwen2.5-Coder 1.5B and 0.5B)")
-    draft, target = pair
+    if args.target_path:
+        target, draft = os.path.expanduser(args.target_path), args.draft_path
+    else:
+        pair = qwen_pair()
+        if not pair:
+            sys.exit("run scripts/fetch_real_models.py first (Qwen2.5-Coder 1.5B and 0.5B)")
+        draft, target = pair
     tokenizer = load_tokenizer(target)
     prompts = eval_prompts(tokenizer)
     configs = list(OURS) + (list(VLLM) if args.vllm_python else [])
+    if not draft:
+        configs = [c for c in configs if c not in ("STANDALONE", "HYBRID")]
+    if not args.eagle3_head:
+        configs = [c for c in configs if not c.startswith("EAGLE3")]
     if args.only:
         configs = [c for c in configs if c in args.only.split(",")]
     prompts = [p for p in prompts if p["doc_tokens"] <= args.max_doc_tokens]
@@ -263,14 +285,15 @@ def main() -> None:
     table = summarize(prompts, runs)
     for name, row in table.items():
         print(name, {c: (row[c]["median_tok_s"], row[c]["x_our_plain"]) for c in row})
-    result = {"target": target, "draft": draft, "dtype": "bfloat16",
+    result = {"target": target, "draft": draft, "eagle3_head": args.eagle3_head,
+              "dtype": "bfloat16",
               "new_tokens": args.new_tokens, "rounds": args.rounds, "configs": configs,
               "vllm": dict(VLLM) if args.vllm_python else None, "machine": machine_info(),
               "command": " ".join(sys.argv), "prompts": table}
     path = save(args.name, result)
     names = list(table)
     plot_bars(os.path.join(RESULTS, args.name + ".png"),
-              "decode tok/s on the held-out set, Qwen2.5-Coder-1.5B bf16 (0.5B draft)",
+              f"decode tok/s on the held-out set, {os.path.basename(target)} bf16",
               [n.replace("/", "\n") for n in names],
               {c: [table[n][c]["median_tok_s"] for n in names] for c in configs}, "tok/s")
     print("wrote", path)

@@ -38,6 +38,7 @@ SPECULATIVE_ALGORITHMS = Registry("--speculative-algorithm", {
     "STANDALONE": "sglang.srt.speculative.drafters.standalone:build",
     "NGRAM": "sglang.srt.speculative.drafters.ngram:build",
     "HYBRID": "sglang.srt.speculative.drafters.hybrid:build",
+    "EAGLE": "sglang.srt.speculative.drafters.eagle:build",
     "EAGLE3": "sglang.srt.speculative.drafters.eagle3:build",
 })
 

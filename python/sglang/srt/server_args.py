@@ -248,6 +248,10 @@ class ServerArgs:
                 raise ValueError("--speculative-algorithm EAGLE3 needs "
                                  "--speculative-draft-model-path (a folder with an EAGLE-3 head "
                                  "trained for the target, e.g. by scripts/train_eagle3.py)")
+            if algo == "EAGLE" and not self.speculative_draft_model_path:
+                raise ValueError("--speculative-algorithm EAGLE needs "
+                                 "--speculative-draft-model-path (a folder with an EAGLE head, "
+                                 "architectures [LlamaForCausalLMEagle], trained for the target)")
             if self.speculative_token_map and algo not in ("STANDALONE", "HYBRID"):
                 raise ValueError("--speculative-token-map limits a draft model's vocabulary: "
                                  "it needs --speculative-algorithm STANDALONE or HYBRID")

@@ -1,4 +1,4 @@
-"""Random EAGLE-3 heads in upstream's checkpoint format, for a given target (tests)."""
+"""Random EAGLE and EAGLE-3 heads in upstream's checkpoint formats, for a given target (tests)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,51 @@ def build_tiny_eagle3_head(target_dir: str, out_dir: str, seed: int = 0,
               "max_position_embeddings": t.get("max_position_embeddings", 4096),
               "tie_word_embeddings": False, "torch_dtype": "float32",
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}}
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    save_file(w, os.path.join(out_dir, "model.safetensors"))
+    return out_dir
+
+
+def build_tiny_eagle_head(target_dir: str, out_dir: str, seed: int = 0, layers: int = 1,
+                          scale: float = 0.15) -> str:
+    """Save a random float32 EAGLE (EAGLE-1/2) head for the target in `target_dir` into
+    `out_dir`, with upstream's names (fc with a bias, layer 0 without input_layernorm, an
+    embed_tokens copy the loader skips). Returns `out_dir`."""
+    from safetensors.torch import save_file
+
+    with open(os.path.join(target_dir, "config.json")) as f:
+        t = json.load(f)
+    h, heads = t["hidden_size"], t["num_attention_heads"]
+    kv = t.get("num_key_value_heads") or heads
+    hd = t.get("head_dim") or h // heads
+    inter, vocab = t["intermediate_size"], t["vocab_size"]
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return (torch.randn(*shape, generator=g) * scale).contiguous()
+
+    w = {"fc.weight": r(h, 2 * h), "fc.bias": r(h), "embed_tokens.weight": r(vocab, h)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        w.update({p + "self_attn.q_proj.weight": r(heads * hd, h),
+                  p + "self_attn.k_proj.weight": r(kv * hd, h),
+                  p + "self_attn.v_proj.weight": r(kv * hd, h),
+                  p + "self_attn.o_proj.weight": r(h, heads * hd),
+                  p + "post_attention_layernorm.weight": 1 + 0.1 * r(h),
+                  p + "mlp.gate_proj.weight": r(inter, h),
+                  p + "mlp.up_proj.weight": r(inter, h),
+                  p + "mlp.down_proj.weight": r(h, inter)})
+        if i:
+            w[p + "input_layernorm.weight"] = 1 + 0.1 * r(h)
+    config = {"architectures": ["LlamaForCausalLMEagle"], "model_type": "llama",
+              "hidden_size": h, "num_attention_heads": heads, "num_key_value_heads": kv,
+              "head_dim": hd, "intermediate_size": inter, "num_hidden_layers": layers,
+              "vocab_size": vocab, "rms_norm_eps": t.get("rms_norm_eps", 1e-6),
+              "rope_theta": t.get("rope_theta", 10000.0),
+              "max_position_embeddings": t.get("max_position_embeddings", 4096),
+              "tie_word_embeddings": False, "torch_dtype": "float32"}
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)

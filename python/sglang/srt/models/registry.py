@@ -15,7 +15,8 @@ _MODELS: Dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v2",
-    "LlamaForCausalLMEagle3": "llama_eagle3",  # a draft head, not a model to serve
+    "LlamaForCausalLMEagle": "llama_eagle",  # draft heads, not models to serve
+    "LlamaForCausalLMEagle3": "llama_eagle3",
 }
 
 

@@ -64,17 +64,19 @@ class Eagle3Drafter(StandaloneDrafter):
     """An EAGLE-3 head as the draft model (--speculative-draft-model-path of a head)."""
 
     name = "eagle3"
+    algorithm, kind, head_class = "EAGLE3", "EAGLE-3", LlamaForCausalLMEagle3
 
     def __init__(self, server_args, *args, **kwargs) -> None:
         if server_args.speculative_draft_kv_policy == "retrieval":
-            raise ValueError("--speculative-algorithm EAGLE3 reads the draft context in full or "
-                             "streaming (--speculative-draft-kv-policy full|streaming): "
-                             "retrieved chunks would need every token's target features kept")
+            raise ValueError(f"--speculative-algorithm {self.algorithm} reads the draft context "
+                             "in full or streaming (--speculative-draft-kv-policy "
+                             "full|streaming): retrieved chunks would need every token's "
+                             "target features kept")
         super().__init__(server_args, *args, **kwargs)
         head = self.runner.model
-        if not isinstance(head, LlamaForCausalLMEagle3):
-            raise ValueError("--speculative-algorithm EAGLE3 needs an EAGLE-3 head "
-                             "(architectures [LlamaForCausalLMEagle3]) as "
+        if not isinstance(head, self.head_class):
+            raise ValueError(f"--speculative-algorithm {self.algorithm} needs an {self.kind} "
+                             f"head (architectures [{self.head_class.__name__}]) as "
                              "--speculative-draft-model-path, got "
                              f"{type(head).__name__} from {server_args.speculative_draft_model_path}")
         self.head = head
@@ -82,6 +84,13 @@ class Eagle3Drafter(StandaloneDrafter):
         self.features: Dict[str, FeatureLog] = {}
         self.missing_features = 0  # rows read without the target's features (zeros)
         self._out: Dict[Tuple[str, int], torch.Tensor] = {}  # (rid, node) -> head output
+
+    @property
+    def num_params(self) -> int:
+        """What a draft step computes with (the cost model's prior): the head without the
+        target's embedding, which is a lookup."""
+        return sum(p.numel() for n, p in self.head.named_parameters()
+                   if not n.startswith("embed_tokens."))
 
     # ------------------------------------------------------------------ the target's side
     def bind_target(self, model, config) -> None:
