@@ -7,6 +7,7 @@ table contract is generated there), and writes the head to
 resumes; --max-steps higher goes on training.
 
     python scripts/build_qwen_eagle3_head.py [--max-steps 300] [--max-sequences 160]
+        [--chat-answers 3 --seq-len 512 --output-dir DIR]  # + the target's own chat answers
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-sequences", type=int, default=160)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--draft-vocab-size", type=int, default=16384)
+    ap.add_argument("--chat-answers", type=int, default=0,
+                    help="excerpts per training document answered by the target itself in the "
+                         "chat template and trained on beside the raw texts "
+                         "(sglang/eagle_train/selfgen.py); 0: raw texts only")
     ap.add_argument("--output-dir", default=os.path.expanduser(
         "~/.cache/sglang-fork/heads/qwen2.5-coder-0.5b-eagle3"))
     a = ap.parse_args(argv)
@@ -45,10 +50,23 @@ def main(argv=None) -> int:
         if not os.path.exists(link):
             os.symlink(os.path.join(legal, n + ".txt"), link)
     target = os.path.join(real_assets.models_dir(), "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    gen_seconds = 0.0
+    if a.chat_answers:
+        import time
+
+        from sglang.eagle_train.selfgen import generate_answers
+
+        t0 = time.perf_counter()
+        generate_answers(target, [os.path.join(legal, n + ".txt") for n in train_docs],
+                         os.path.join(corpus, "chat"), excerpt_tokens=256,
+                         excerpts_per_doc=a.chat_answers)
+        gen_seconds = round(time.perf_counter() - t0, 1)
     summary = train(TrainConfig(target, corpus, a.output_dir, max_steps=a.max_steps,
                                 seq_len=a.seq_len, max_sequences=a.max_sequences,
                                 draft_vocab_size=a.draft_vocab_size, save_every=50))
     summary["train_documents"] = train_docs
+    summary["chat_answers_per_document"] = a.chat_answers
+    summary["chat_answer_seconds"] = gen_seconds
     summary["held_out"] = sorted(HELD_OUT)
     print(json.dumps(summary, indent=1))
     return 0
