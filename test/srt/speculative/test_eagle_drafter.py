@@ -106,6 +106,8 @@ def test_radix_hits_and_chunked_prefill_stay_lossless(tiny_llama_dir, head_dir, 
     for rid, (ids, _) in ref.items():
         assert got[rid][0] == ids
     assert all(u.extra_meta["draft_cached_tokens"] >= 64 for _, u in got.values())
+    # a hit leaves the last matched token to the target: the head reads its features
+    assert sched.spec.drafter.missing_features == 0
     sched.tree_cache.check_integrity()
     sched.flush_cache()
     sched.check_all_free()

@@ -378,6 +378,11 @@ class SpecWorker:
         target KV: draft KV goes first)."""
         self.draft_kv.set_evictor(tree_cache.evict_draft)
 
+    @property
+    def match_lag(self) -> int:
+        """Tokens of a radix hit the target recomputes for the drafter (1 for a head)."""
+        return self.drafter.match_lag
+
     def adopt(self, req, match) -> None:
         """Admission: the request starts from the draft slots cached for its prefix."""
         if not self.draft_kv.enabled:

@@ -116,6 +116,9 @@ class Drafter(ABC):
     # part of its drafts needs no draft KV (HYBRID's n-grams): a request the draft model is
     # too far behind on is still drafted, by that part alone (`hold_back`)
     drafts_without_model = False
+    # tokens a radix hit gives back for the target to recompute (a head's cached row i read
+    # token i + 1, and its next row needs the target's features of the last matched token)
+    match_lag = 0
 
     @abstractmethod
     def propose(self, reqs: List["Req"], budgets: List[int],

@@ -65,6 +65,7 @@ class Eagle3Drafter(StandaloneDrafter):
 
     name = "eagle3"
     algorithm, kind, head_class = "EAGLE3", "EAGLE-3", LlamaForCausalLMEagle3
+    match_lag = 1  # the target recomputes a radix hit's last token: its features, valid rows
 
     def __init__(self, server_args, *args, **kwargs) -> None:
         if server_args.speculative_draft_kv_policy == "retrieval":
