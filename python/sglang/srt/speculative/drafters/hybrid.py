@@ -25,7 +25,9 @@ before its EMA could show it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from typing import Dict, List, Optional, Set, Tuple
 
 from sglang.srt.speculative.drafters.base import Drafter
@@ -192,6 +194,20 @@ class HybridDrafter(Drafter):
     def observe(self, observer) -> None:
         self.model.observe(observer)
 
+    # an EAGLE head as the model side: the target's features pass through to it
+    @property
+    def match_lag(self) -> int:
+        return self.model.match_lag
+
+    def target_layers(self):
+        return self.model.target_layers()
+
+    def bind_target(self, model, config) -> None:
+        self.model.bind_target(model, config)
+
+    def on_target_hidden(self, req, start: int, hidden) -> None:
+        self.model.on_target_hidden(req, start, hidden)
+
     def weights_of(self, req) -> Dict[str, float]:
         """The request's weights now (read-only: the final update comes after release)."""
         w = self.weights.get(req.rid)
@@ -219,10 +235,23 @@ class HybridDrafter(Drafter):
 
 def build(cfg, server_args, max_running: int, context_len: int, max_total_tokens: int,
           chunk_size: int) -> HybridDrafter:
-    """HYBRID: n-gram and draft-model candidates in one tree, weighted per request."""
-    from sglang.srt.speculative.drafters import ngram, standalone
+    """HYBRID: n-gram and draft-model candidates in one tree, weighted per request; the
+    draft model may be an EAGLE or EAGLE-3 head (by its config's architectures)."""
+    from sglang.srt.speculative.drafters import eagle, eagle3, ngram, standalone
 
+    kind = {"LlamaForCausalLMEagle": eagle, "LlamaForCausalLMEagle3": eagle3}
+    archs = _architectures(cfg.draft_model_path)
+    model = next((kind[a] for a in archs if a in kind), standalone)
     return HybridDrafter(ngram.build(cfg, server_args, max_running, context_len,
                                      max_total_tokens, chunk_size),
-                         standalone.build(cfg, server_args, max_running, context_len,
-                                          max_total_tokens, chunk_size))
+                         model.build(cfg, server_args, max_running, context_len,
+                                     max_total_tokens, chunk_size))
+
+
+def _architectures(path: Optional[str]) -> List[str]:
+    """A draft folder's config.json architectures ([] for a GGUF file or no config)."""
+    config = os.path.join(path, "config.json") if path and os.path.isdir(path) else None
+    if config is None or not os.path.isfile(config):
+        return []
+    with open(config) as f:
+        return list(json.load(f).get("architectures") or [])
