@@ -110,29 +110,11 @@ class LlamaForCausalLMEagle(nn.Module):
 def load_eagle_head(folder: str, dtype: torch.dtype = torch.float32,
                     device: str = "cpu") -> LlamaForCausalLMEagle:
     """The head of an upstream-format folder (config.json + *.safetensors)."""
-    import json
-    import os
+    from sglang.srt.models.llama_eagle3 import read_head_folder
 
-    from safetensors import safe_open
-    from transformers import LlamaConfig
-
-    with open(os.path.join(folder, "config.json")) as f:
-        raw = json.load(f)
-    if "LlamaForCausalLMEagle" not in raw.get("architectures", []):
-        raise ValueError(f"{folder}: not an EAGLE head (architectures {raw.get('architectures')})")
-    head = LlamaForCausalLMEagle(LlamaConfig(**{k: v for k, v in raw.items()
-                                                if k != "architectures"}))
-    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
-    if not files:
-        raise ValueError(f"{folder}: no .safetensors weights")
-
-    def tensors():
-        for name in files:
-            with safe_open(os.path.join(folder, name), framework="pt") as f:
-                for key in f.keys():
-                    yield key, f.get_tensor(key)
-
-    head.load_weights(tensors())
+    config, tensors = read_head_folder(folder, "LlamaForCausalLMEagle", "EAGLE")
+    head = LlamaForCausalLMEagle(config)
+    head.load_weights(tensors)
     return head.to(device=device, dtype=dtype)
 
 

@@ -166,18 +166,16 @@ class LlamaForCausalLMEagle3(nn.Module):
             raise ValueError(f"EAGLE-3 checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
 
 
-def load_eagle3_head(folder: str, dtype: torch.dtype = torch.float32,
-                     device: str = "cpu") -> LlamaForCausalLMEagle3:
-    """The head of an upstream-format folder (config.json + *.safetensors)."""
+def read_head_folder(folder: str, arch: str, kind: str):
+    """(LlamaConfig, an iterator of (name, tensor)) of an upstream-format head folder
+    (config.json + *.safetensors) whose architectures name `arch`."""
     from safetensors import safe_open
     from transformers import LlamaConfig
 
     with open(os.path.join(folder, "config.json")) as f:
         raw = json.load(f)
-    if "LlamaForCausalLMEagle3" not in raw.get("architectures", []):
-        raise ValueError(f"{folder}: not an EAGLE-3 head (architectures {raw.get('architectures')})")
-    config = LlamaConfig(**{k: v for k, v in raw.items() if k != "architectures"})
-    head = LlamaForCausalLMEagle3(config)
+    if arch not in raw.get("architectures", []):
+        raise ValueError(f"{folder}: not an {kind} head (architectures {raw.get('architectures')})")
     files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
     if not files:
         raise ValueError(f"{folder}: no .safetensors weights")
@@ -188,5 +186,13 @@ def load_eagle3_head(folder: str, dtype: torch.dtype = torch.float32,
                 for key in f.keys():
                     yield key, f.get_tensor(key)
 
-    head.load_weights(tensors())
+    return LlamaConfig(**{k: v for k, v in raw.items() if k != "architectures"}), tensors()
+
+
+def load_eagle3_head(folder: str, dtype: torch.dtype = torch.float32,
+                     device: str = "cpu") -> LlamaForCausalLMEagle3:
+    """The head of an upstream-format folder (config.json + *.safetensors)."""
+    config, tensors = read_head_folder(folder, "LlamaForCausalLMEagle3", "EAGLE-3")
+    head = LlamaForCausalLMEagle3(config)
+    head.load_weights(tensors)
     return head.to(device=device, dtype=dtype)
