@@ -244,14 +244,13 @@ class ServerArgs:
             if algo in ("STANDALONE", "HYBRID") and not self.speculative_draft_model_path:
                 raise ValueError(f"--speculative-algorithm {algo} needs "
                                  "--speculative-draft-model-path (a small model with the same tokenizer)")
-            if algo == "EAGLE3" and not self.speculative_draft_model_path:
-                raise ValueError("--speculative-algorithm EAGLE3 needs "
-                                 "--speculative-draft-model-path (a folder with an EAGLE-3 head "
-                                 "trained for the target, e.g. by scripts/train_eagle3.py)")
-            if algo == "EAGLE" and not self.speculative_draft_model_path:
-                raise ValueError("--speculative-algorithm EAGLE needs "
-                                 "--speculative-draft-model-path (a folder with an EAGLE head, "
-                                 "architectures [LlamaForCausalLMEagle], trained for the target)")
+            heads = {"EAGLE": "an EAGLE head (architectures [LlamaForCausalLMEagle])",
+                     "EAGLE3": "an EAGLE-3 head (architectures [LlamaForCausalLMEagle3]), "
+                               "e.g. from scripts/train_eagle3.py"}
+            if algo in heads and not self.speculative_draft_model_path:
+                raise ValueError(f"--speculative-algorithm {algo} needs "
+                                 f"--speculative-draft-model-path: a folder with {heads[algo]} "
+                                 "trained for the target")
             if self.speculative_token_map and algo not in ("STANDALONE", "HYBRID"):
                 raise ValueError("--speculative-token-map limits a draft model's vocabulary: "
                                  "it needs --speculative-algorithm STANDALONE or HYBRID")

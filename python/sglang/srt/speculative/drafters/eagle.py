@@ -15,7 +15,7 @@ from typing import List, Optional
 import torch
 
 from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle
-from sglang.srt.speculative.drafters.eagle3 import Eagle3Drafter, FeatureLog
+from sglang.srt.speculative.drafters.eagle3 import Eagle3Drafter, FeatureLog, build_head_drafter
 
 
 class EagleDrafter(Eagle3Drafter):
@@ -65,8 +65,5 @@ class EagleDrafter(Eagle3Drafter):
 def build(cfg, server_args, max_running: int, context_len: int, max_total_tokens: int,
           chunk_size: int) -> EagleDrafter:
     """EAGLE: a head (--speculative-draft-model-path) reading the target's final hidden."""
-    if not cfg.draft_model_path:
-        raise ValueError("--speculative-algorithm EAGLE needs --speculative-draft-model-path "
-                         "(a folder with an EAGLE head)")
-    return EagleDrafter(server_args, max_running, context_len, max_total_tokens,
-                        cfg.num_steps, cfg.topk, chunk_size)
+    return build_head_drafter(EagleDrafter, cfg, server_args, max_running, context_len,
+                              max_total_tokens, chunk_size)

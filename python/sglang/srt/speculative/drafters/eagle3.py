@@ -188,11 +188,18 @@ class Eagle3Drafter(StandaloneDrafter):
         assert not self.features, f"target features still held for {list(self.features)}"
 
 
+def build_head_drafter(cls, cfg, server_args, max_running: int, context_len: int,
+                       max_total_tokens: int, chunk_size: int):
+    """A head drafter of class `cls` (--speculative-draft-model-path: a head folder)."""
+    if not cfg.draft_model_path:
+        raise ValueError(f"--speculative-algorithm {cls.algorithm} needs "
+                         f"--speculative-draft-model-path (a folder with an {cls.kind} head)")
+    return cls(server_args, max_running, context_len, max_total_tokens, cfg.num_steps,
+               cfg.topk, chunk_size)
+
+
 def build(cfg, server_args, max_running: int, context_len: int, max_total_tokens: int,
           chunk_size: int) -> Eagle3Drafter:
     """EAGLE3: a head (--speculative-draft-model-path) reading the target's features."""
-    if not cfg.draft_model_path:
-        raise ValueError("--speculative-algorithm EAGLE3 needs --speculative-draft-model-path "
-                         "(a folder with an EAGLE-3 head)")
-    return Eagle3Drafter(server_args, max_running, context_len, max_total_tokens,
-                         cfg.num_steps, cfg.topk, chunk_size)
+    return build_head_drafter(Eagle3Drafter, cfg, server_args, max_running, context_len,
+                              max_total_tokens, chunk_size)
