@@ -40,6 +40,7 @@ SPECULATIVE_ALGORITHMS = Registry("--speculative-algorithm", {
     "HYBRID": "sglang.srt.speculative.drafters.hybrid:build",
     "EAGLE": "sglang.srt.speculative.drafters.eagle:build",
     "EAGLE3": "sglang.srt.speculative.drafters.eagle3:build",
+    "NEXTN": "sglang.srt.speculative.drafters.nextn:build",
 })
 
 EXPERT_PREDICTORS = Registry("--moe-prefetch-predictor", {

@@ -203,6 +203,10 @@ class ServerArgs:
             self.chunked_prefill_size = 2048
         if self.max_running_requests is None and self.speculative_algorithm:
             self.max_running_requests = 48
+        if ((self.speculative_algorithm or "").upper() == "NEXTN"
+                and not self.speculative_draft_model_path):
+            # as upstream: DeepSeek-V3's MTP layer is in the target's own checkpoint
+            self.speculative_draft_model_path = self.model_path
         self.check()
 
     def check(self) -> None:

@@ -1,4 +1,5 @@
-"""Random EAGLE and EAGLE-3 heads in upstream's checkpoint formats, for a given target (tests)."""
+"""Random EAGLE and EAGLE-3 heads in upstream's checkpoint formats, for a given target, and a
+tiny DeepSeek-V3 target carrying an MTP layer (NEXTN) (tests)."""
 
 from __future__ import annotations
 
@@ -103,4 +104,38 @@ def build_tiny_eagle_head(target_dir: str, out_dir: str, seed: int = 0, layers: 
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     save_file(w, os.path.join(out_dir, "model.safetensors"))
+    return out_dir
+
+
+def build_tiny_deepseek_mtp(out_dir: str, seed: int = 0, layers: int = 3,
+                            scale: float = 0.15) -> str:
+    """Save a tiny random DeepSeek-V3 target whose checkpoint carries an MTP layer as real
+    V3 checkpoints do: `model.layers.{layers}.*` = a decoder layer (MoE) plus enorm, hnorm,
+    eh_proj, shared_head.norm and copies of the embedding (embed_tokens) and lm_head
+    (shared_head.head); config `num_hidden_layers` = layers, `num_nextn_predict_layers` 1.
+    The MTP decoder layer is layer `layers` of a (layers + 1)-layer model, so transformers
+    reads it with `num_hidden_layers=layers + 1`. Returns `out_dir`."""
+    from safetensors.torch import load_file, save_file
+
+    from sglang.test.moe_fixtures import build_tiny_moe
+
+    build_tiny_moe("deepseek_v3", out_dir, seed=seed, num_hidden_layers=layers + 1,
+                   num_nextn_predict_layers=1)
+    path = os.path.join(out_dir, "model.safetensors")
+    w = dict(load_file(path))
+    h = w["model.embed_tokens.weight"].shape[1]
+    g = torch.Generator().manual_seed(seed + 1)
+    p = f"model.layers.{layers}."
+    w.update({p + "enorm.weight": 1 + 0.1 * torch.randn(h, generator=g),
+              p + "hnorm.weight": 1 + 0.1 * torch.randn(h, generator=g),
+              p + "eh_proj.weight": torch.randn(h, 2 * h, generator=g) * scale,
+              p + "shared_head.norm.weight": 1 + 0.1 * torch.randn(h, generator=g),
+              p + "embed_tokens.weight": w["model.embed_tokens.weight"].clone(),
+              p + "shared_head.head.weight": w["lm_head.weight"].clone()})
+    save_file({k: v.contiguous() for k, v in w.items()}, path, metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json")) as f:
+        config = json.load(f)
+    config["num_hidden_layers"] = layers
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
     return out_dir

@@ -125,3 +125,39 @@ def test_moe_server_with_expert_parallelism_gives_the_one_rank_tokens(store, sta
         assert state["moe_expert_store"]["total"]["loads"] > 0
         assert state["moe_prefetch"]["total"]["uses"] > 0
     srv.assert_all_slots_free()
+
+
+@pytest.mark.parametrize("algo", ["NEXTN", "EAGLE3"])
+def test_tp2_draft_heads_keep_the_one_rank_tokens(algo, start_server, tiny_llama_dir,
+                                                 tmp_path_factory):
+    """A draft head under --tp-size 2: the head whole on every rank, reading the target's
+    vocab-parallel embedding and lm_head and its (all-reduced) hidden states: NEXTN (a
+    DeepSeek-V3 target's own MTP layer, MLA and experts) and an EAGLE-3 head (Llama)."""
+    import torch
+
+    from sglang.test.eagle_fixtures import build_tiny_deepseek_mtp, build_tiny_eagle3_head
+    from sglang.test.harness import TinyRunner
+
+    root = tmp_path_factory.mktemp("tp_heads")
+    if algo == "NEXTN":
+        folder, extra = build_tiny_deepseek_mtp(str(root / "ds")), []
+    else:
+        folder = tiny_llama_dir
+        extra = ["--speculative-draft-model-path",
+                 build_tiny_eagle3_head(folder, str(root / "head"))]
+    prompts = [[1, 504, 3458, 282, 4649, 314], [1, 9591, 2337, 253, 655, 28, 281]]
+    torch.set_num_threads(1)
+    want = TinyRunner(folder).generate_greedy(prompts, 16)
+    srv = start_server(folder, ["--tp-size", "2", "--max-total-tokens", "4096",
+                                "--context-length", "256", "--skip-server-warmup",
+                                "--speculative-algorithm", algo, "--speculative-num-steps", "3",
+                                "--speculative-eagle-topk", "2",
+                                "--speculative-num-draft-tokens", "5",
+                                "--speculative-calibrate-seconds", "0", *extra])
+    for ids, expected in zip(prompts, want):
+        resp = srv.post("/generate", json={"input_ids": ids, "sampling_params": {
+            "max_new_tokens": 16, "temperature": 0, "ignore_eos": True}})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["output_ids"] == expected
+        assert resp.json()["meta_info"]["spec_verify_ct"] > 0
+    srv.assert_all_slots_free()

@@ -76,7 +76,7 @@ def device_memory(device: str) -> Tuple[int, int]:
 class ModelRunner:
     def __init__(self, server_args: ServerArgs, model_path: Optional[str] = None,
                  max_context_len: Optional[int] = None, max_total_tokens: Optional[int] = None,
-                 max_running_requests: int = 256) -> None:
+                 max_running_requests: int = 256, architecture: Optional[str] = None) -> None:
         from sglang.srt.model_loader.loader import load_model
 
         self.server_args = server_args
@@ -86,7 +86,8 @@ class ModelRunner:
         # MoE experts beyond the fast tier's slots stay in the checkpoint file
         offload = OffloadConfig.from_server_args(server_args)
         self.model, self.config = load_model(self.model_path, dtype=server_args.dtype,
-                                             device=self.device, offload=offload)
+                                             device=self.device, offload=offload,
+                                             architecture=architecture)
         set_moe_runner(self.model, resolve_moe_runner(server_args.moe_runner_backend,
                                                       self.device))
         self.expert_store: Optional[ExpertStore] = getattr(self.model, "expert_store", None)

@@ -86,8 +86,12 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
                device: str = "cpu", offload: Optional[OffloadConfig] = None,
                moe_expert_cache_slots: Optional[int] = None,
-               moe_expert_drop_page_cache: bool = False) -> Tuple[nn.Module, PretrainedConfig]:
+               moe_expert_drop_page_cache: bool = False,
+               architecture: Optional[str] = None) -> Tuple[nn.Module, PretrainedConfig]:
     """(model in eval mode without grads, its config) from an HF folder or a .gguf file.
+
+    `architecture` builds another class from the checkpoint (NEXTN: the MTP layer of a
+    DeepSeek-V3 target); a class with `draft_config` rewrites the config it is built from.
 
     With `offload.cache_slots` set (or the `moe_expert_cache_slots` shorthand), MoE models
     keep that many experts per layer in memory and serve the rest from the checkpoint file
@@ -98,7 +102,10 @@ def load_model(model_path: str, dtype: Union[str, torch.dtype] = "auto",
     gguf_file = GGUFFile(model_path) if is_gguf(model_path) else None
     config = gguf_config(gguf_file) if gguf_file is not None else load_config(model_path)
     torch_dtype = resolve_dtype(dtype, config, gguf_file is not None, device)
-    model_class = get_model_class(getattr(config, "architectures", None) or [])
+    model_class = get_model_class([architecture] if architecture
+                                  else getattr(config, "architectures", None) or [])
+    if hasattr(model_class, "draft_config"):
+        config = model_class.draft_config(config)
     if tp_group().size > 1 and not getattr(model_class, "supports_tensor_parallel", False):
         raise ValueError(f"--tp-size {tp_group().size}: {model_class.__name__} does not run "
                          "tensor-parallel on this fork yet (Llama, Qwen2, Mistral, Mixtral and "

@@ -15,7 +15,8 @@ llama3 (DeepSeek's yarn) take their frequencies from transformers' rope function
 FFN: the first `first_k_dense_replace` layers are dense; the others route (V2: softmax,
 greedy or group-limited top-k; V3: sigmoid + correction bias, grouped top-k, renormalised)
 and add `n_shared_experts` shared experts. Weights times `routed_scaling_factor`.
-Not supported: `mlp_bias` (no released checkpoint uses it), V3's MTP layers (skipped).
+Not supported: `mlp_bias` (no released checkpoint uses it). V3's MTP layer is skipped
+here; models/deepseek_nextn.py serves it as a draft head (NEXTN).
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class DeepseekV2ForCausalLM(MoECausalLM):
     def rope_interleaved(cls, config: PretrainedConfig) -> bool:
         return True
 
-    def router_config(self, config: PretrainedConfig) -> RouterConfig:
+    @classmethod
+    def router_config(cls, config: PretrainedConfig) -> RouterConfig:
         grouped = getattr(config, "topk_method", "greedy") == "group_limited_greedy"
         return RouterConfig(num_experts=config.n_routed_experts, top_k=config.num_experts_per_tok,
                             num_groups=config.n_group if grouped else None,
@@ -154,12 +156,7 @@ class DeepseekV2ForCausalLM(MoECausalLM):
                             scaling_factor=float(config.routed_scaling_factor), fp32_logits=True)
 
     def make_mlp(self, config: PretrainedConfig, layer_id: int) -> nn.Module:
-        if layer_id < (getattr(config, "first_k_dense_replace", 0) or 0):
-            return LlamaMLP(config.hidden_size, config.intermediate_size)
-        shared = config.moe_intermediate_size * (getattr(config, "n_shared_experts", 0) or 0)
-        return SparseMoeBlock(config.hidden_size, config.moe_intermediate_size,
-                              self.router_config(config), layer_id, self.num_slots,
-                              shared_intermediate_size=shared, shared_name="shared_experts")
+        return deepseek_ffn(config, layer_id, self.router_config(config), self.num_slots)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
@@ -167,12 +164,25 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     def rope_interleaved(cls, config: PretrainedConfig) -> bool:
         return bool(getattr(config, "rope_interleave", True))
 
-    def router_config(self, config: PretrainedConfig) -> RouterConfig:
+    @classmethod
+    def router_config(cls, config: PretrainedConfig) -> RouterConfig:
         return RouterConfig(num_experts=config.n_routed_experts, top_k=config.num_experts_per_tok,
                             scoring="sigmoid", renormalize=bool(config.norm_topk_prob),
                             num_groups=config.n_group, topk_group=config.topk_group,
                             group_score="top2_sum", correction_bias=True,
                             scaling_factor=float(config.routed_scaling_factor), fp32_logits=True)
+
+
+def deepseek_ffn(config: PretrainedConfig, layer_id: int, router: RouterConfig,
+                 num_slots=None, block_layer_id=None) -> nn.Module:
+    """Checkpoint layer `layer_id`'s FFN: dense below `first_k_dense_replace`, else routed
+    experts plus the shared ones (`block_layer_id`: the id the MoE block reports under)."""
+    if layer_id < (getattr(config, "first_k_dense_replace", 0) or 0):
+        return LlamaMLP(config.hidden_size, config.intermediate_size)
+    shared = config.moe_intermediate_size * (getattr(config, "n_shared_experts", 0) or 0)
+    return SparseMoeBlock(config.hidden_size, config.moe_intermediate_size, router,
+                          layer_id if block_layer_id is None else block_layer_id, num_slots,
+                          shared_intermediate_size=shared, shared_name="shared_experts")
 
 
 EntryClass = [DeepseekV2ForCausalLM, DeepseekV3ForCausalLM]

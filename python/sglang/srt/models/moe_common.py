@@ -142,39 +142,12 @@ class MoECausalLM(nn.Module):
 
     # ---- weights ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _fused_rows(parent: nn.Module, child: str) -> Optional[Tuple[str, int, int, int]]:
-        """(fused child, first row, end row, shard) for a q/k/v or gate/up checkpoint piece."""
-        if isinstance(parent, LlamaAttention) and child in ("q_proj", "k_proj", "v_proj"):
-            sizes = [parent.q_size, parent.kv_size, parent.kv_size]
-            shard, fused = ("q_proj", "k_proj", "v_proj").index(child), "qkv_proj"
-        elif isinstance(parent, LlamaMLP) and child in ("gate_proj", "up_proj"):
-            inter = parent.down_proj.in_features
-            sizes = [inter, inter]
-            shard, fused = ("gate_proj", "up_proj").index(child), "gate_up_proj"
-        else:
-            return None
-        lo = sum(sizes[:shard])
-        return fused, lo, lo + sizes[shard], shard
-
-    def _pending(self, params: Dict[str, nn.Parameter]) -> Set[Tuple[str, int]]:
-        experts = {f"{n}.{p}" for n, m in self.named_modules() if isinstance(m, MoEExperts)
-                   for p in ("w13", "w2")}
-        shards: Dict[str, int] = {}
-        for n, m in self.named_modules():
-            if isinstance(m, LlamaAttention):
-                shards.update({f"{n}.qkv_proj.{leaf}": 3 for leaf in ("weight", "bias")})
-            elif isinstance(m, LlamaMLP):
-                shards.update({f"{n}.gate_up_proj.{leaf}": 2 for leaf in ("weight", "bias")})
-        return {(n, s) for n in params if n not in experts and n != "lm_head.weight"
-                for s in range(shards.get(n, 1))}
-
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors in; raise on unknown or missing names."""
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight  # re-tie after to_empty
         params: Dict[str, nn.Parameter] = dict(self.named_parameters(remove_duplicate=False))
-        pending = self._pending(params)
+        pending = pending_params(self, params) - {("lm_head.weight", 0)}
         saw_lm_head = False
         num_layers = self.config.num_hidden_layers
         for name, tensor in weights:
@@ -187,30 +160,7 @@ class MoECausalLM(nn.Module):
                 if self.tie_word_embeddings:
                     continue
                 saw_lm_head = True
-            m = _EXPERT_RE.match(name)
-            if m and m.group(3) in EXPERT_LEAVES:
-                experts = self.get_submodule(m.group(1))
-                if not isinstance(experts, MoEExperts):
-                    raise KeyError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-                experts.load_expert(int(m.group(2)), m.group(3), name, tensor)
-                continue
-            if name in params:
-                owner, leaf = name.rsplit(".", 1)
-                load_into(self.get_submodule(owner), leaf, params[name], tensor, 0, name)
-                pending.discard((name, 0))
-                continue
-            path, child, leaf = (name.rsplit(".", 2) + ["", ""])[:3]
-            try:
-                parent = self.get_submodule(path)
-            except AttributeError:
-                parent = None
-            fused = self._fused_rows(parent, child) if parent is not None else None
-            target = f"{path}.{fused[0]}.{leaf}" if fused else None
-            if target not in params:
-                raise KeyError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-            load_into(self.get_submodule(f"{path}.{fused[0]}"), leaf, params[target], tensor,
-                      fused[3], name)
-            pending.discard((target, fused[3]))
+            pending.discard(place_tensor(self, params, name, tensor))
         if not saw_lm_head and not self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
             self.tie_word_embeddings = True
@@ -221,3 +171,63 @@ class MoECausalLM(nn.Module):
         if pending:
             missing = sorted({n for n, _ in pending})
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+
+
+# ---- placing checkpoint tensors (MoE models and DeepSeek's MTP layer alike) -----------------
+
+def _fused_rows(parent: nn.Module, child: str) -> Optional[Tuple[str, int, int, int]]:
+    """(fused child, first row, end row, shard) for a q/k/v or gate/up checkpoint piece."""
+    if isinstance(parent, LlamaAttention) and child in ("q_proj", "k_proj", "v_proj"):
+        sizes = [parent.q_size, parent.kv_size, parent.kv_size]
+        shard, fused = ("q_proj", "k_proj", "v_proj").index(child), "qkv_proj"
+    elif isinstance(parent, LlamaMLP) and child in ("gate_proj", "up_proj"):
+        inter = parent.down_proj.in_features
+        sizes = [inter, inter]
+        shard, fused = ("gate_proj", "up_proj").index(child), "gate_up_proj"
+    else:
+        return None
+    lo = sum(sizes[:shard])
+    return fused, lo, lo + sizes[shard], shard
+
+
+def pending_params(root: nn.Module, params: Dict[str, nn.Parameter]) -> Set[Tuple[str, int]]:
+    """(parameter, shard) pairs a checkpoint must fill: fused projections count one per
+    piece; experts are checked by their own MoEExperts."""
+    experts = {f"{n}.{p}" for n, m in root.named_modules() if isinstance(m, MoEExperts)
+               for p in ("w13", "w2")}
+    shards: Dict[str, int] = {}
+    for n, m in root.named_modules():
+        if isinstance(m, LlamaAttention):
+            shards.update({f"{n}.qkv_proj.{leaf}": 3 for leaf in ("weight", "bias")})
+        elif isinstance(m, LlamaMLP):
+            shards.update({f"{n}.gate_up_proj.{leaf}": 2 for leaf in ("weight", "bias")})
+    return {(n, s) for n in params if n not in experts for s in range(shards.get(n, 1))}
+
+
+def place_tensor(root: nn.Module, params: Dict[str, nn.Parameter], name: str,
+                 tensor: torch.Tensor) -> Tuple[str, int]:
+    """Copy one HF-named tensor into `root` (an expert, a parameter by name, or a piece
+    of a fused projection); returns the (parameter, shard) filled; KeyError if none."""
+    m = _EXPERT_RE.match(name)
+    if m and m.group(3) in EXPERT_LEAVES:
+        experts = root.get_submodule(m.group(1))
+        if not isinstance(experts, MoEExperts):
+            raise KeyError(f"checkpoint tensor {name!r} has no place in {type(root).__name__}")
+        experts.load_expert(int(m.group(2)), m.group(3), name, tensor)
+        return ("", 0)
+    if name in params:
+        owner, leaf = name.rsplit(".", 1)
+        load_into(root.get_submodule(owner), leaf, params[name], tensor, 0, name)
+        return (name, 0)
+    path, child, leaf = (name.rsplit(".", 2) + ["", ""])[:3]
+    try:
+        parent = root.get_submodule(path)
+    except AttributeError:
+        parent = None
+    fused = _fused_rows(parent, child) if parent is not None else None
+    target = f"{path}.{fused[0]}.{leaf}" if fused else None
+    if target not in params:
+        raise KeyError(f"checkpoint tensor {name!r} has no place in {type(root).__name__}")
+    load_into(root.get_submodule(f"{path}.{fused[0]}"), leaf, params[target], tensor,
+              fused[3], name)
+    return (target, fused[3])

@@ -17,6 +17,7 @@ _MODELS: Dict[str, str] = {
     "DeepseekV3ForCausalLM": "deepseek_v2",
     "LlamaForCausalLMEagle": "llama_eagle",  # draft heads, not models to serve
     "LlamaForCausalLMEagle3": "llama_eagle3",
+    "DeepseekV3ForCausalLMNextN": "deepseek_nextn",  # DeepSeek-V3's MTP layer (NEXTN)
 }
 
 

@@ -10,7 +10,7 @@ from sglang.srt.speculative.controller import FallbackConfig
 
 @dataclasses.dataclass(frozen=True)
 class SpecConfig:
-    algorithm: str  # STANDALONE | NGRAM | HYBRID | EAGLE | EAGLE3 (upper case)
+    algorithm: str  # STANDALONE | NGRAM | HYBRID | EAGLE | EAGLE3 | NEXTN (upper case)
     draft_model_path: Optional[str]
     num_steps: int  # draft levels per proposal
     topk: int  # branches per level

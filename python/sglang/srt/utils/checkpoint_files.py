@@ -34,3 +34,12 @@ def iter_safetensors(folder: str) -> Iterator[Tuple[str, torch.Tensor]]:
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+def folder_architectures(path) -> List[str]:
+    """A model folder's config.json architectures ([] for a GGUF file or no config)."""
+    config = os.path.join(path, "config.json") if path and os.path.isdir(path) else None
+    if config is None or not os.path.isfile(config):
+        return []
+    with open(config) as f:
+        return list(json.load(f).get("architectures") or [])

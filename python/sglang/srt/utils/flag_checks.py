@@ -58,10 +58,10 @@ def check_draft_kv_flags(args: Any) -> None:
         raise ValueError("--speculative-draft-kv-policy must be one of full, streaming, "
                          f"retrieval; got {policy!r}")
     algo = (args.speculative_algorithm or "").upper()
-    if policy != "full" and algo not in ("STANDALONE", "HYBRID", "EAGLE", "EAGLE3"):
+    if policy != "full" and algo not in ("STANDALONE", "HYBRID", "EAGLE", "EAGLE3", "NEXTN"):
         raise ValueError(f"--speculative-draft-kv-policy {policy} needs "
                          "--speculative-algorithm STANDALONE (a draft model with KV)")
-    if policy == "retrieval" and algo in ("EAGLE", "EAGLE3"):
+    if policy == "retrieval" and algo in ("EAGLE", "EAGLE3", "NEXTN"):
         raise ValueError(f"--speculative-algorithm {algo} reads the draft context in full or "
                          "streaming (--speculative-draft-kv-policy full|streaming): retrieved "
                          "chunks would need every token's target features kept")

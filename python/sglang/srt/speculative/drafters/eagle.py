@@ -30,15 +30,19 @@ class EagleDrafter(Eagle3Drafter):
         embed, norm = getattr(inner, "embed_tokens", None), getattr(inner, "norm", None)
         lm_head = getattr(model, "lm_head", None)
         if embed is None or norm is None or lm_head is None:
-            raise ValueError(f"EAGLE: the target {type(model).__name__} has no model.embed_tokens,"
-                             " model.norm and lm_head for the head to share")
-        width = self.head.model.fc.weight.shape[1]
+            raise ValueError(f"{self.algorithm}: the target {type(model).__name__} has no "
+                             "model.embed_tokens, model.norm and lm_head for the head to share")
+        width = self._input_width()
         if width != 2 * config.hidden_size:
-            raise ValueError(f"EAGLE: the head's fc reads {width} numbers, the target gives "
-                             f"2 x {config.hidden_size}: the head was trained for another target")
+            raise ValueError(f"{self.algorithm}: the head reads {width} numbers a row, the "
+                             f"target gives 2 x {config.hidden_size}: the head was trained for "
+                             "another target")
         self.head.set_embed_and_head(embed, lm_head)
         self.target_norm = norm
         self.layers = [config.num_hidden_layers - 1]
+
+    def _input_width(self) -> int:
+        return self.head.model.fc.weight.shape[1]  # [embedding, hidden]
 
     @property
     def num_params(self) -> int:
@@ -64,6 +68,12 @@ class EagleDrafter(Eagle3Drafter):
 
 def build(cfg, server_args, max_running: int, context_len: int, max_total_tokens: int,
           chunk_size: int) -> EagleDrafter:
-    """EAGLE: a head (--speculative-draft-model-path) reading the target's final hidden."""
+    """EAGLE: a head (--speculative-draft-model-path) reading the target's final hidden; a
+    DeepSeek-V3 checkpoint there drafts with its MTP layer, as upstream's EAGLE does."""
+    from sglang.srt.speculative.drafters import nextn
+
+    if nextn.is_mtp_checkpoint(cfg.draft_model_path):
+        return nextn.build(cfg, server_args, max_running, context_len, max_total_tokens,
+                           chunk_size)
     return build_head_drafter(EagleDrafter, cfg, server_args, max_running, context_len,
                               max_total_tokens, chunk_size)

@@ -25,7 +25,6 @@ before its EMA could show it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Dict, List, Optional, Set, Tuple
@@ -33,6 +32,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from sglang.srt.speculative.drafters.base import Drafter
 from sglang.srt.speculative.drafters.ngram import NgramDrafter
 from sglang.srt.speculative.tree import DraftTree, select_best
+from sglang.srt.utils.checkpoint_files import folder_architectures
 
 NAMES = ("ngram", "model")
 
@@ -236,22 +236,18 @@ class HybridDrafter(Drafter):
 def build(cfg, server_args, max_running: int, context_len: int, max_total_tokens: int,
           chunk_size: int) -> HybridDrafter:
     """HYBRID: n-gram and draft-model candidates in one tree, weighted per request; the
-    draft model may be an EAGLE or EAGLE-3 head (by its config's architectures)."""
-    from sglang.srt.speculative.drafters import eagle, eagle3, ngram, standalone
+    draft model may be an EAGLE or EAGLE-3 head (by its config's architectures), or the
+    target's own MTP layer (NEXTN: a DeepSeek-V3 target as its own draft path)."""
+    from sglang.srt.speculative.drafters import eagle, eagle3, ngram, nextn, standalone
 
-    kind = {"LlamaForCausalLMEagle": eagle, "LlamaForCausalLMEagle3": eagle3}
-    archs = _architectures(cfg.draft_model_path)
+    kind = {"LlamaForCausalLMEagle": eagle, "LlamaForCausalLMEagle3": eagle3,
+            "DeepseekV3ForCausalLMNextN": nextn}
+    archs = folder_architectures(cfg.draft_model_path)
     model = next((kind[a] for a in archs if a in kind), standalone)
+    if (model is standalone and nextn.is_mtp_checkpoint(cfg.draft_model_path)
+            and os.path.abspath(cfg.draft_model_path) == os.path.abspath(server_args.model_path)):
+        model = nextn
     return HybridDrafter(ngram.build(cfg, server_args, max_running, context_len,
                                      max_total_tokens, chunk_size),
                          model.build(cfg, server_args, max_running, context_len,
                                      max_total_tokens, chunk_size))
-
-
-def _architectures(path: Optional[str]) -> List[str]:
-    """A draft folder's config.json architectures ([] for a GGUF file or no config)."""
-    config = os.path.join(path, "config.json") if path and os.path.isdir(path) else None
-    if config is None or not os.path.isfile(config):
-        return []
-    with open(config) as f:
-        return list(json.load(f).get("architectures") or [])

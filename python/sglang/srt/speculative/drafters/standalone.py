@@ -52,6 +52,7 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
     the radix cache beside the target's (it is its own `draft_kv`)."""
 
     name = "standalone"
+    draft_architecture: Optional[str] = None  # a class to build from the draft checkpoint
 
     def __init__(self, server_args, max_running: int, context_len: int, max_total_tokens: int,
                  num_steps: int, topk: int, chunk_size: int) -> None:
@@ -63,7 +64,8 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
         with replicated():  # under TP every rank drafts with the whole draft model
             self.runner = ModelRunner(server_args,
                                       model_path=server_args.speculative_draft_model_path,
-                                      max_context_len=context_len, max_total_tokens=pool)
+                                      max_context_len=context_len, max_total_tokens=pool,
+                                      architecture=self.draft_architecture)
         self.allocator = self.runner.allocator
         if server_args.speculative_token_map:
             self._use_token_map(server_args.speculative_token_map)
