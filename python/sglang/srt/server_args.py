@@ -255,9 +255,11 @@ class ServerArgs:
                 raise ValueError(f"--speculative-algorithm {algo} needs "
                                  f"--speculative-draft-model-path: a folder with {heads[algo]} "
                                  "trained for the target")
-            if self.speculative_token_map and algo not in ("STANDALONE", "HYBRID"):
-                raise ValueError("--speculative-token-map limits a draft model's vocabulary: "
-                                 "it needs --speculative-algorithm STANDALONE or HYBRID")
+            if self.speculative_token_map and algo not in ("STANDALONE", "HYBRID", "EAGLE",
+                                                           "NEXTN"):
+                raise ValueError("--speculative-token-map limits a draft's vocabulary: it needs "
+                                 "--speculative-algorithm STANDALONE, HYBRID, EAGLE or NEXTN "
+                                 "(an EAGLE-3 head has its own reduced vocabulary)")
             if self.speculative_token_map and not os.path.isfile(self.speculative_token_map):
                 raise ValueError(f"--speculative-token-map {self.speculative_token_map!r} is "
                                  "not a file (make one with scripts/build_token_map.py)")

@@ -37,9 +37,16 @@ class EagleDrafter(Eagle3Drafter):
             raise ValueError(f"{self.algorithm}: the head reads {width} numbers a row, the "
                              f"target gives 2 x {config.hidden_size}: the head was trained for "
                              "another target")
+        if self.token_map is not None:
+            lm_head = _hot_head(lm_head, self.token_map, config.vocab_size)
         self.head.set_embed_and_head(embed, lm_head)
         self.target_norm = norm
         self.layers = [config.num_hidden_layers - 1]
+
+    token_map: Optional[str] = None  # --speculative-token-map, applied to the target's head
+
+    def _use_token_map(self, path: str) -> None:
+        self.token_map = path  # the head's lm_head is the target's: limited at bind_target
 
     def _input_width(self) -> int:
         return self.head.model.fc.weight.shape[1]  # [embedding, hidden]
@@ -64,6 +71,24 @@ class EagleDrafter(Eagle3Drafter):
 
     def _target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids  # the target's vocabulary
+
+
+def _hot_head(lm_head, path: str, vocab_size: int):
+    """The target's lm_head over the token map's ids only (upstream's FR-Spec for EAGLE): a
+    copy of those rows, gathered whole first under TP, so a draft step runs no collective."""
+    import logging
+
+    from sglang.srt.distributed.parallel_state import all_gather_last_dim
+    from sglang.srt.speculative.token_map import HotVocabHead, load_token_map
+
+    weight = lm_head.weight.detach()
+    if getattr(lm_head, "tp_size", 1) > 1:  # vocab-parallel: each rank holds a block of rows
+        weight = all_gather_last_dim(weight.t().contiguous()).t()
+    weight = weight[:vocab_size]
+    ids = load_token_map(path, vocab_size)
+    logging.getLogger(__name__).info("Draft token map: %d of %d tokens (%s)", ids.numel(),
+                                     vocab_size, path)
+    return HotVocabHead(weight, ids)
 
 
 def build(cfg, server_args, max_running: int, context_len: int, max_total_tokens: int,

@@ -86,6 +86,10 @@ class Eagle3Drafter(StandaloneDrafter):
         self.missing_features = 0  # rows read without the target's features (zeros)
         self._out: Dict[Tuple[str, int], torch.Tensor] = {}  # (rid, node) -> head output
 
+    def _use_token_map(self, path: str) -> None:
+        raise ValueError("--speculative-token-map: an EAGLE-3 head drafts over its own reduced "
+                         "vocabulary (its d2t map, chosen when it was trained); drop the flag")
+
     @property
     def num_params(self) -> int:
         """What a draft step computes with (the cost model's prior): the head without the
