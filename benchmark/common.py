@@ -91,7 +91,7 @@ def save(name: str, payload: Dict[str, Any]) -> str:
 
 
 def plot_bars(path: str, title: str, groups: List[str], series: Dict[str, List[Optional[float]]],
-              ylabel: str) -> Optional[str]:
+              ylabel: str, rotation: int = 0) -> Optional[str]:
     try:
         import matplotlib
 
@@ -105,7 +105,10 @@ def plot_bars(path: str, title: str, groups: List[str], series: Dict[str, List[O
         xs = [g + i * width for g in range(len(groups))]
         ax.bar(xs, [v or 0 for v in values], width, label=label)
     ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))])
-    ax.set_xticklabels(groups)
+    if rotation:  # long labels (many rows)
+        ax.set_xticklabels(groups, rotation=rotation, ha="right", fontsize=8)
+    else:
+        ax.set_xticklabels(groups)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)

@@ -56,23 +56,29 @@ def run_setting(path: str, draft: Optional[str], prompt: List[int], n_new: int, 
                 predictor: str = "none", steps: int = 3, dtype: str = "bfloat16",
                 keep_width: int = 1, gate: bool = False, prune: bool = False, topk: int = 1,
                 draft_tokens: Optional[int] = None, route_map: bool = True,
-                serial: bool = False, min_prob: Optional[float] = None) -> Dict[str, Any]:
+                serial: bool = False, min_prob: Optional[float] = None,
+                server_defaults: bool = False,
+                max_total_tokens: int = 4096) -> Dict[str, Any]:
+    """One setting in a fresh Scheduler. `server_defaults`: speculation keeps the server's
+    fallback and cost model, and prefetch its gate (else both off: each part's own figures)."""
     from sglang.srt.layers.moe import experts as moe_experts
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.server_args import ServerArgs
 
-    kw: Dict[str, Any] = dict(model_path=path, dtype=dtype, max_total_tokens=4096,
+    kw: Dict[str, Any] = dict(model_path=path, dtype=dtype, max_total_tokens=max_total_tokens,
                               moe_expert_cache_slots=slots, moe_expert_drop_page_cache=True,
                               moe_prefetch_predictor=predictor, moe_prefetch_width=0,
                               moe_prefetch_keep_width=keep_width,
-                              moe_prefetch_disable_gate=not gate, moe_prefetch_prune_tree=prune)
+                              moe_prefetch_disable_gate=not (gate or server_defaults),
+                              moe_prefetch_prune_tree=prune)
     if min_prob is not None:  # else the server's default
         kw["moe_prefetch_min_prob"] = min_prob
     if draft is not None:
         kw.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
                   speculative_num_steps=steps, speculative_eagle_topk=topk,
-                  speculative_num_draft_tokens=draft_tokens,
-                  speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
+                  speculative_num_draft_tokens=draft_tokens)
+        if not server_defaults:
+            kw.update(speculative_disable_cost_model=True, speculative_fallback_threshold=0.0)
     planner = moe_experts.plan_waves
     if serial:  # benchmark instrumentation: waves of every slot, loads alternating with compute
         moe_experts.plan_waves = lambda needed, n: [needed[i: i + n]
@@ -100,6 +106,7 @@ def _run(sched, prompt: List[int], n_new: int, route_map: bool) -> Dict[str, Any
 
     sched.runner.forward = timed_forward
     sp = SamplingParams.from_dict({"max_new_tokens": n_new, "temperature": 0, "ignore_eos": True})
+    t_start = time.perf_counter()
     sched.add_request(TokenizedGenerateReqInput(rid="r", input_ids=prompt, sampling_params=sp))
     tokens: List[int] = []
     t_first = None
@@ -114,9 +121,11 @@ def _run(sched, prompt: List[int], n_new: int, route_map: bool) -> Dict[str, Any
             if sched.prefetcher is not None:
                 sched.prefetcher.stats.reset()
             forward_times.clear()
-    decode_s = time.perf_counter() - t_first
+    t_end = time.perf_counter()
+    decode_s = t_end - t_first
     out: Dict[str, Any] = {"tokens": tokens, "tok_s": (len(tokens) - 1) / decode_s,
-                           "decode_s": decode_s}
+                           "decode_s": decode_s, "ttft_s": t_first - t_start,
+                           "total_s": t_end - t_start, "e2e_tok_s": len(tokens) / (t_end - t_start)}
     passes = [t for t, mode in forward_times]
     verify = [t for t, mode in forward_times if mode == "TARGET_VERIFY"]
     out["target_passes"] = len(passes)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -136,6 +137,8 @@ def main() -> None:
     ap.add_argument("--out-dir", default=RESULTS)
     args = ap.parse_args()
     OUT["dir"] = args.out_dir
+    # a SIGTERM ends the run through the `finally`s, so every worker's process group is killed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from decode_throughput.bench_decode import hf_folder_for
     from sglang.srt.model_loader.loader import load_tokenizer

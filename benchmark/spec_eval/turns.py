@@ -10,6 +10,7 @@ the worker prints `@@ready` once loaded, waits for `go R` before round R and pri
 
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -48,7 +49,8 @@ class Turn:
     def __init__(self, name: str, cmd: List[str], env: Dict[str, str]):
         self.name = name
         self.proc = subprocess.Popen(cmd, env={**env, ENV: "1"}, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+                                     stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     start_new_session=True)  # kill() reaches its children
         self.lines: "queue.Queue[str]" = queue.Queue()
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -80,6 +82,10 @@ class Turn:
             raise RuntimeError(f"{self.name}: worker failed (rc {self.proc.returncode})")
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """The worker and every process it started (vLLM's engine core and CPU worker
+        outlive a killed worker otherwise, holding their memory)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
