@@ -39,7 +39,8 @@ from peers.reference import reference_for  # noqa: E402
 from peers.summary import summarize  # noqa: E402
 from spec_eval.turns import Turn  # noqa: E402
 
-DEFAULT = ["ours plain", "ours NGRAM", "ours plain fp32", "hf plain fp32", "hf lookup10 fp32",
+DEFAULT = ["ours plain", "ours NGRAM", "ours plain fp32", "ours NGRAM fp32", "hf plain fp32",
+           "hf lookup10 fp32",
            "vllm plain", "vllm ngram k10 l1-2", "vllm ngram k5 l2-4", "vllm ngram k10 l1-4",
            "llama.cpp plain", "llama.cpp lookup k10 n2", "llama.cpp lookup k5 n3"]
 
@@ -156,15 +157,19 @@ def main() -> None:
 
         prompts += [{"name": p["name"], "ids": p["ids"]} for p in eval_prompts(tok)
                     if p["doc_tokens"] <= 4096]
-    configs = args.only.split(",") if args.only else list(DEFAULT)
-    configs = [c for c in configs if CONFIGS[c].env == "ours"
-               or (CONFIGS[c].env == "vllm" and args.vllm_python)
-               or (CONFIGS[c].env == "llama" and args.llama_python)]
-    groups = ([[c for c in g.split(",") if c in configs] for g in args.groups.split(";")]
-              if args.groups else [configs])
+    # --groups names its configurations itself (a name missing from DEFAULT still runs)
+    groups = ([g.split(",") for g in args.groups.split(";")] if args.groups
+              else [args.only.split(",") if args.only else list(DEFAULT)])
     unknown = [c for g in groups for c in g if c not in CONFIGS]
     if unknown:
         sys.exit(f"unknown configurations {unknown}; known: {list(CONFIGS)}")
+    runnable = [c for g in groups for c in g if CONFIGS[c].env == "ours"
+                or (CONFIGS[c].env == "vllm" and args.vllm_python)
+                or (CONFIGS[c].env == "llama" and args.llama_python)]
+    skipped = [c for g in groups for c in g if c not in runnable]
+    if skipped:
+        print(f"skipped (no --vllm-python / --llama-python for them): {skipped}", flush=True)
+    groups = [[c for c in g if c in runnable] for g in groups]
     machine = {**machine_info(), **cpu_facts(), "threads": args.threads,
                "copy_bandwidth_gbs_at_start": round(copy_bandwidth_gbs(), 1)}
     needs_hf = any(CONFIGS[c].engine in ("transformers_hf", "vllm_cpu") for g in groups for c in g)
