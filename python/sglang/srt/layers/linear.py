@@ -8,7 +8,8 @@ Routing rule (benchmark/kernels/bench_cpu_linear.py on Zen 3 AVX2; the figures b
 threshold are in docs/decisions.md):
 - bf16 W, rows <= 64: the kernel (faster than torch's bf16 gemv at 1 row and its GEMM from 2).
 - bf16 W, rows > 64: W upcast to fp32 per call + MKL sgemm: compute-bound there, and from
-  ~128 rows MKL beats the kernel; torch's bf16 GEMM is slower than both.
+  ~128 rows MKL beats the kernel; torch's bf16 GEMM is slower than both on AVX2. With
+  AVX512-BF16 (Zen 4) torch's bf16 GEMM is 2.2-2.5x the upcast there and takes these rows.
 - fp32 W, rows <= 32: the kernel (at least as fast as MKL); above, MKL (F.linear).
 - anything else (non-CPU tensors, fp16, autograd, kernel not built): F.linear.
 On CPUs with AMX-BF16 (Intel Sapphire Rapids and later) torch's own bf16 GEMM (oneDNN on
@@ -36,6 +37,11 @@ KERNEL_MAX_ROWS_BF16_AMX = 10  # the AVX512-BF16 kernel's one sweep of W
 # torch's bf16 GEMM runs on AMX here (torch's own check, the one its oneDNN GEMM goes by):
 # large bf16 products stay in bf16 (see the docstring)
 BF16_GEMM_NATIVE = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+# AVX512-BF16 without AMX (Zen 4): torch's bf16 GEMM (oneDNN) is 2.2-2.5x the fp32 upcast
+# and beats the kernel from 64 rows (cpu_linear_zen4_large.json): products above the
+# kernel's 64 rows stay in bf16 there too; verify and decode rows keep the kernel
+BF16_GEMM_LARGE = BF16_GEMM_NATIVE or bool(
+    getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
 
 # weight dtype -> most rows sent to the kernel; also the dtypes the kernel takes.
 _KERNEL_ROWS = {torch.bfloat16: KERNEL_MAX_ROWS_BF16, torch.float32: KERNEL_MAX_ROWS_FP32}
@@ -113,6 +119,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
             and weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)):
         return F.linear(x, weight, bias)  # oneDNN on AMX
     if rows > limit:
+        if (BF16_GEMM_LARGE and weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16
+                and (bias is None or bias.dtype == torch.bfloat16)):
+            return F.linear(x, weight, bias)  # oneDNN's AVX512-BF16 GEMM
         if weight.dtype == torch.bfloat16:
             b = None if bias is None else bias.float()
             return F.linear(x.float(), weight.float(), b).to(x.dtype)
