@@ -118,6 +118,18 @@ def plot_bars(path: str, title: str, groups: List[str], series: Dict[str, List[O
     return path
 
 
+def keep_large_tensors_mmapped() -> None:
+    """Fix glibc's mmap threshold (M_MMAP_THRESHOLD = -3) at 1 MiB. glibc raises it after the
+    first large free, so models loaded later land in the heap and freed ones are never
+    returned: a run loading a model per setting grew to 24 GB and was killed."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(-3, 1 << 20)
+    except (OSError, AttributeError):
+        pass
+
+
 def share_dense_weights() -> None:
     """In this process, load each dense checkpoint once per (path, dtype, device) and hand
     every later scheduler the same module: weights are read-only at inference, and each

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(_ROOT, "benchmark"))
 sys.path.insert(0, os.path.join(_ROOT, "python"))
-from common import machine_info, plot_bars, prompt_ids, save  # noqa: E402
+from common import keep_large_tensors_mmapped, machine_info, plot_bars, prompt_ids, save  # noqa: E402
 
 PREDICTORS = ("reuse", "layer_ahead", "draft", "ensemble")
 
@@ -200,21 +200,15 @@ def main() -> None:
                          "between minutes here, so one run each ranks settings by luck)")
     args = ap.parse_args()
 
-    import ctypes
     import gc
     import json
 
     import torch
     from transformers import AutoTokenizer
 
-    # Every setting loads the models anew. glibc raises its mmap threshold after the first
-    # large free, so later models land in the heap and the freed ones are never returned:
-    # the Qwen run grew to 24 GB and was killed. A fixed threshold (M_MMAP_THRESHOLD = -3)
-    # keeps large tensors mmapped, and a collect after each setting frees the cycles.
-    try:
-        ctypes.CDLL(None).mallopt(-3, 1 << 20)
-    except (OSError, AttributeError):
-        pass
+    # Every setting loads the models anew (the Qwen run grew to 24 GB without this); a
+    # collect after each setting frees the cycles.
+    keep_large_tensors_mmapped()
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_moe import fixture_path

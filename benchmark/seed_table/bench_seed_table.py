@@ -34,7 +34,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 sys.path.insert(0, os.path.join(_ROOT, "benchmark"))
 sys.path.insert(0, os.path.join(_ROOT, "benchmark", "moe_offload"))
 sys.path.insert(0, os.path.join(_ROOT, "python"))
-from common import RESULTS, machine_info, plot_bars, prompt_ids, run_isolated  # noqa: E402
+from common import (RESULTS, keep_large_tensors_mmapped, machine_info, plot_bars,  # noqa: E402
+                    prompt_ids, run_isolated)
 from peers.summary import spread  # noqa: E402
 
 # the seed's seconds per 180K-token document on a GPU (the brief)
@@ -53,14 +54,9 @@ KEEP = ("tok_s", "ttft_s", "total_s", "e2e_tok_s", "accept_length", "hit_rate", 
 def one_run(path: str, draft: str, prompt: List[int], n_new: int, slots: int, row: str,
             defaults: bool, steps: int, dtype: str) -> Dict[str, Any]:
     """One row in this (spawned) process: the figures and the tokens."""
-    import ctypes
-
     import torch
 
-    try:  # large tensors stay mmapped, so a freed model is returned (bench_prefetch.py)
-        ctypes.CDLL(None).mallopt(-3, 1 << 20)
-    except (OSError, AttributeError):
-        pass
+    keep_large_tensors_mmapped()  # a freed model is returned
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     from bench_prefetch import run_setting
 
