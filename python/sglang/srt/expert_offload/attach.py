@@ -14,7 +14,8 @@ from sglang.srt.expert_offload.layout import aligned_empty
 from sglang.srt.expert_offload.predictors import build_predictor
 from sglang.srt.expert_offload.prefetcher import ExpertPrefetcher
 from sglang.srt.expert_offload.routing.router_stack import RouterView
-from sglang.srt.expert_offload.sources import PinnedHostExpertSource, SafetensorsExpertSource
+from sglang.srt.expert_offload.sources import SafetensorsExpertSource
+from sglang.srt.expert_offload.staging import PinnedStagingSource
 from sglang.srt.expert_offload.store import ExpertStore
 
 if TYPE_CHECKING:
@@ -39,8 +40,9 @@ def attach_expert_store(model: "MoECausalLM", model_path: str,
     source = SafetensorsExpertSource(model_path, keys, cfg.drop_page_cache)
     device = str(first.w13.device)
     if device.startswith("cuda"):
-        source = PinnedHostExpertSource(source, {i: b.slot_shapes() for i, b in blocks.items()},
-                                        {i: owned for i in blocks}, first.w13.dtype)
+        # a bounded pinned staging set, not every expert pinned in host RAM
+        source = PinnedStagingSource(source, {i: b.slot_shapes() for i, b in blocks.items()},
+                                     first.w13.dtype)
     else:
         for b in blocks.values():
             b.experts.align_slots(aligned_empty)

@@ -7,8 +7,8 @@ dropped after each load (`madvise(MADV_DONTNEED)` on our mapping, then
 `posix_fadvise(POSIX_FADV_DONTNEED)` on the file), so the next load of it is a real disk
 read: the situation of an MoE larger than RAM.
 
-`PinnedHostExpertSource` (GPU) copies every expert once into pinned host memory, from which
-the store's loads are asynchronous host-to-device copies.
+On a GPU the store reads through `staging.PinnedStagingSource` (a few pinned buffers, then
+asynchronous host-to-device copies).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import mmap
 import os
 import struct
 import threading
-from typing import Dict, Iterable, List, Optional, Protocol, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 import torch
 
@@ -239,32 +239,6 @@ class SafetensorsExpertSource:
         for fd in self._fds + (self._direct_fds or []):
             os.close(fd)
         self._fds, self._handles, self._direct_fds = [], [], None
-
-
-class PinnedHostExpertSource:
-    """GPU slow tier: every expert copied once into pinned host memory (needs host RAM for
-    all experts); `read_into` then issues a non-blocking host-to-device copy on the current
-    stream (the store runs it on its own load stream)."""
-
-    def __init__(self, inner: ExpertSource, shapes: Dict[int, Tuple[torch.Size, torch.Size]],
-                 experts: Dict[int, Iterable[int]], dtype: torch.dtype) -> None:
-        """`experts`: layer -> the expert ids to hold (this rank's)."""
-        self._host: Dict[Tuple[int, int], Tuple[torch.Tensor, torch.Tensor]] = {}
-        for layer, (s13, s2) in shapes.items():
-            for e in experts[layer]:
-                w13 = torch.empty(s13, dtype=dtype).pin_memory()
-                w2 = torch.empty(s2, dtype=dtype).pin_memory()
-                inner.read_into(layer, e, w13, w2)
-                self._host[(layer, e)] = (w13, w2)
-
-    def read_into(self, layer: int, expert: int, w13: torch.Tensor, w2: torch.Tensor) -> int:
-        h13, h2 = self._host[(layer, expert)]
-        w13.copy_(h13, non_blocking=True)
-        w2.copy_(h2, non_blocking=True)
-        return h13.numel() * h13.element_size() + h2.numel() * h2.element_size()
-
-    def close(self) -> None:
-        self._host.clear()
 
 
 def close_source(source: Optional[ExpertSource]) -> None:
