@@ -329,6 +329,32 @@ def test_each_ngram_request_asks_for_its_own_draft_length(tiny_llama_dir):
     assert standalone._own_budget(prose, 4) == 4  # a draft model's levels are not resized
 
 
+def test_hybrid_ngrams_alone_ask_for_their_own_draft_length(tiny_llama_dir):
+    """While HYBRID's draft model sits out for a request, its n-grams size the request's
+    draft as NGRAM does (prose: one token, not the full tree's rows in every verify); with
+    the model back, the tree keeps the step's budget."""
+    from sglang.test.scheduler_driver import make_scheduler
+
+    spec = make_scheduler(tiny_llama_dir, speculative_algorithm="HYBRID",
+                          speculative_draft_model_path=tiny_llama_dir,
+                          speculative_num_draft_tokens=10,
+                          speculative_fallback_threshold=0).spec  # decisions aside
+    prose = _fake_req("prose")
+    ctl_ = spec.controller(prose)
+    assert spec._own_budget(prose, 10) == 10
+    ctl_.model_off, ctl_.model_left = True, 100  # as after a window the model did not pay
+    for _ in range(6):
+        spec.record(prose, 9, 0, 1)
+    assert ctl_.model_off and spec._own_budget(prose, 10) == 2  # one draft token
+    for _ in range(3):  # a passage being quoted: every drafted token taken
+        spec.record(prose, ctl_.draft_len, ctl_.draft_len, ctl_.draft_len + 1)
+    assert spec._own_budget(prose, 10) == 9  # grew back: 1 -> 2 -> 4 -> 8 drafts (+ root)
+    ctl_.model_off = False
+    for _ in range(6):
+        spec.record(prose, 3, 0, 1)
+    assert spec._own_budget(prose, 10) == 10  # the model's tree: the step's budget
+
+
 def test_cost_model_says_when_speculation_is_ruled_out():
     """What after_prefill asks before the draft reads new prompts: only a measured plain
     step with every budget measured slower or bounded below it rules speculation out."""

@@ -120,6 +120,9 @@ class SpecWorker:
             else:  # the same fixed prior and first-step probe (docs/decisions.md)
                 ctl = RequestController(self.cfg.fallback,
                                         can_drop_model=self.drafter.drafts_without_model)
+                if self.drafter.drafts_without_model:
+                    # HYBRID: its n-grams alone (model off) size their draft as NGRAM does
+                    ctl.max_draft_len = ctl.draft_len = self.num_draft_tokens - 1
             self.controllers[req.rid] = ctl
         return ctl
 
@@ -214,8 +217,11 @@ class SpecWorker:
                         self._break_even(len(reqs), budget))
 
     def _own_budget(self, req, budget: int) -> int:
-        """The request's own draft length (free drafters size it per request), plus the root."""
-        own = self.controller(req).draft_len
+        """The request's own draft length, plus the root: free drafters size it per request,
+        HYBRID while its draft model sits out for the request (its n-grams alone); a draft
+        model's tree keeps the step's budget."""
+        ctl = self.controller(req)
+        own = ctl.draft_len if self.drafter.costs_nothing or ctl.model_off else 0
         return own + 1 if own else budget
 
     def _break_even(self, batch_size: int, budget: int) -> Optional[float]:
