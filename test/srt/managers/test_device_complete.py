@@ -146,3 +146,29 @@ def test_sampling_follows_the_logits_device() -> None:
     OutputProcessor(64, None, eos_token_ids={2}).sample_and_append(reqs, logits)
     assert reqs[0].output_ids == [int(logits[0].argmax())]
     assert 0 <= reqs[1].output_ids[0] < 64
+
+
+def test_draft_batch_lives_on_the_draft_device(tiny_llama_dir) -> None:
+    """The draft model's batch (a catch-up or a tree level: ids, positions, slots, lengths,
+    KV views, tree masks, built from host lists) is moved to the draft's device where it is
+    made, and names its pool rows on the host (no device read)."""
+    from sglang.srt.speculative.config import SpecConfig
+    from sglang.srt.speculative.drafters import build_drafter
+
+    args = ServerArgs(model_path=tiny_llama_dir, device="meta", dtype="float32",
+                      attention_backend="torch_native", max_total_tokens=256,
+                      speculative_algorithm="STANDALONE",
+                      speculative_draft_model_path=tiny_llama_dir)
+    drafter = build_drafter(SpecConfig.from_server_args(args), args, 2, 128, 256, 64)
+    assert torch.device(drafter.runner.device).type == "meta"
+    req = _req("a", [5, 17, 9, 33])
+    req.req_pool_idx = 0
+    fb = drafter._batch([req], [5, 17], torch.arange(2), [4], [2], torch.tensor([3, 4]), [1],
+                        kv_indices=[torch.tensor([1, 2, 3, 4])],
+                        custom_mask=[torch.ones((2, 4), dtype=torch.bool)])
+    fields = _tensor_fields(fb)
+    assert {"input_ids", "positions", "out_cache_loc", "seq_lens", "logits_indices",
+            "kv_indices[0]", "custom_mask[0]"} <= set(fields)
+    off = {name: t.device for name, t in fields.items() if t.device.type != "meta"}
+    assert not off, f"draft batch tensors left off the device: {off}"
+    assert fb.pool_rows() == [0]

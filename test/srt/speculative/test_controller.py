@@ -322,11 +322,11 @@ def test_each_ngram_request_asks_for_its_own_draft_length(tiny_llama_dir):
     for _ in range(6):
         spec.record(prose, 11, 0, 1)
         spec.record(quoting, 11, 11, 12)
-    assert spec._own_budget(quoting, 12) == 12  # the whole budget: 11 drafts + the root
-    assert spec._own_budget(prose, 12) == 2  # one draft token
+    assert spec.decisions.own_budget(quoting, 12) == 12  # the whole budget: 11 drafts + the root
+    assert spec.decisions.own_budget(prose, 12) == 2  # one draft token
     standalone = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
                                 speculative_draft_model_path=tiny_llama_dir).spec
-    assert standalone._own_budget(prose, 4) == 4  # a draft model's levels are not resized
+    assert standalone.decisions.own_budget(prose, 4) == 4  # a draft model's levels are not resized
 
 
 def test_hybrid_ngrams_alone_ask_for_their_own_draft_length(tiny_llama_dir):
@@ -341,18 +341,18 @@ def test_hybrid_ngrams_alone_ask_for_their_own_draft_length(tiny_llama_dir):
                           speculative_fallback_threshold=0).spec  # decisions aside
     prose = _fake_req("prose")
     ctl_ = spec.controller(prose)
-    assert spec._own_budget(prose, 10) == 10
+    assert spec.decisions.own_budget(prose, 10) == 10
     ctl_.model_off, ctl_.model_left = True, 100  # as after a window the model did not pay
     for _ in range(6):
         spec.record(prose, 9, 0, 1)
-    assert ctl_.model_off and spec._own_budget(prose, 10) == 2  # one draft token
+    assert ctl_.model_off and spec.decisions.own_budget(prose, 10) == 2  # one draft token
     for _ in range(3):  # a passage being quoted: every drafted token taken
         spec.record(prose, ctl_.draft_len, ctl_.draft_len, ctl_.draft_len + 1)
-    assert spec._own_budget(prose, 10) == 9  # grew back: 1 -> 2 -> 4 -> 8 drafts (+ root)
+    assert spec.decisions.own_budget(prose, 10) == 9  # grew back: 1 -> 2 -> 4 -> 8 drafts (+ root)
     ctl_.model_off = False
     for _ in range(6):
         spec.record(prose, 3, 0, 1)
-    assert spec._own_budget(prose, 10) == 10  # the model's tree: the step's budget
+    assert spec.decisions.own_budget(prose, 10) == 10  # the model's tree: the step's budget
 
 
 def test_cost_model_says_when_speculation_is_ruled_out():

@@ -239,7 +239,7 @@ def test_request_with_the_draft_model_off_is_drafted_by_ngrams_alone(
     """The fallback's first stage (controller.model_off) holds the draft model back for that
     request; its verifies are priced as n-gram ones, its output is plain's."""
     from sglang.srt.speculative.controller import expected_tokens
-    from sglang.srt.speculative.spec_worker import verify_cost_prior
+    from sglang.srt.speculative.request_decisions import verify_cost_prior
 
     ps = [[5, 6, 7, 8, 9] * 6 + [11, 12, 13], [21, 22, 23, 24] * 6]
     ref = run(make_scheduler(tiny_llama_dir), ps, [greedy(24)] * 2)
@@ -267,7 +267,7 @@ def test_request_with_the_draft_model_off_is_drafted_by_ngrams_alone(
             free = spec.proposal.break_even or verify_cost_prior(offered + 1)
             model = expected_tokens(0.5, min(3, offered))
             prices.setdefault(req.rid, []).append(
-                (spec._price(req, offered), free, model, spec.drafter.model_ran_for(req)))
+                (spec.decisions.price(req, offered, spec.proposal.break_even), free, model, spec.drafter.model_ran_for(req)))
         record(req, offered, accepted, emitted)
 
     spec.propose, spec.record = traced_propose, traced_record

@@ -39,6 +39,7 @@ import torch
 from sglang.srt.expert_offload.messages import StepContext
 from sglang.srt.expert_offload.predictors.base import ExpertPredictor
 from sglang.srt.expert_offload.stats import PrefetchStats
+from sglang.srt.utils import host_sync
 
 if TYPE_CHECKING:
     from sglang.srt.expert_offload.gate import PrefetchGate
@@ -123,7 +124,8 @@ class ExpertPrefetcher:
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
         if self.active:
-            needed = [e for e in torch.unique(topk_ids).tolist() if self.store.owns(e)]
+            routed = host_sync.to_list(torch.unique(topk_ids), "prefetch_routed")
+            needed = [e for e in routed if self.store.owns(e)]
             self.stats.used(layer, needed, self.store.resident(layer))
         else:
             self.stats.skip(layer)

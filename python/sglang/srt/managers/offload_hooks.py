@@ -10,6 +10,7 @@ import torch
 from sglang.srt.expert_offload.messages import StepContext
 from sglang.srt.managers.step_hooks import StepHook
 from sglang.srt.managers.step_plan import StepPlan
+from sglang.srt.utils import host_sync
 
 if TYPE_CHECKING:
     from sglang.srt.expert_offload.prefetcher import ExpertPrefetcher
@@ -62,7 +63,8 @@ class TreeBudgetHook(StepHook):
         if got is None:
             return
         layers, chosen = got
-        chosen = chosen.cpu()  # [L, rows, E]: the pricing is host-side bookkeeping
+        # [L, rows, E]: the pricing is host-side bookkeeping
+        chosen = host_sync.to_cpu(chosen, "prefetch_pricing")
         fixed = torch.zeros(chosen.shape[0], chosen.shape[2], dtype=torch.bool)
         for i, layer in enumerate(layers):  # resident or loading: no load to price
             fixed[i, self.prefetcher.store.mapped(layer)] = True

@@ -18,6 +18,7 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampler import (adjusted_logprobs, apply_logit_adjustments, sample,
                                          token_logprob, top_logprobs)
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.utils import host_sync
 
 
 @dataclasses.dataclass
@@ -73,7 +74,7 @@ class OutputProcessor:
             logprobs = torch.log_softmax(req_logits[:k].float(), dim=-1)
             targets = req.origin_input_ids[rows.input_first_pos : rows.input_first_pos + k]
             picked = logprobs[torch.arange(k), torch.tensor(targets)]
-            req.input_logprob_pending.extend(picked.tolist())
+            req.input_logprob_pending.extend(host_sync.to_list(picked, "input_logprobs"))
             for i in range(k):
                 if req.top_logprobs_num:
                     req.input_top_pending.append(top_logprobs(logprobs[i], req.top_logprobs_num))
@@ -90,7 +91,8 @@ class OutputProcessor:
             info.vocab_mask = self.grammar_backend.forbidden_mask(
                 [r.grammar for r in reqs]).to(logits.device)
         out = sample(logits, info, return_logprobs=any(r.return_logprob for r in reqs))
-        next_ids = out.next_token_ids.tolist()  # the step's one device-to-host copy of tokens
+        # the step's one device-to-host copy of tokens
+        next_ids = host_sync.to_list(out.next_token_ids, "next_token_ids")
         for i, (req, tok) in enumerate(zip(reqs, next_ids)):
             req.output_ids.append(tok)
             if req.grammar is not None:

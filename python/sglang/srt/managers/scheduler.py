@@ -33,6 +33,7 @@ from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_worker import SpecWorker
+from sglang.srt.utils import host_sync
 
 # Slots kept free per running request when admitting new ones, so that decoding requests
 # rarely have to be retracted right after an admission.
@@ -50,6 +51,7 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
             # expert distribution dumps carry the target's store and prefetch figures
             get_expert_recorder().extras["moe"] = self.moe_state
         self.context_len = self.runner.context_len
+        self.sync_stats = host_sync.SyncStats()  # the step's device-to-host reads
         self.allocator = self.runner.allocator
         chunk = server_args.chunked_prefill_size
         self.prefill_budget = chunk if chunk and chunk > 0 else server_args.max_prefill_tokens
@@ -186,6 +188,7 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
     def step(self) -> List[ReqUpdate]:
         """Run one forward (if there is work); return the updates to send."""
         self.step_count += 1
+        host_sync.take()  # reads between steps are not the step's
         self._admit()
         updates = [self.outputs.make_update(r) for r in self.rejected]
         self.rejected.clear()
@@ -209,7 +212,9 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
         self.hooks.after_forward(plan)  # acceptance, draft catch-up, cost model
         # gates time the whole step (rank 0's time on every TP rank)
         self.hooks.after_step(plan, rank0_value(time.perf_counter() - t0))
-        return updates + self._finish(plan)
+        updates += self._finish(plan)
+        self.sync_stats.record(host_sync.take(), plan.decode_only)
+        return updates
 
     def _finish(self, plan: StepPlan) -> List[ReqUpdate]:
         """Release finished requests; the updates of every request the step touched."""
@@ -296,17 +301,20 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
         return StepPlan(items, decode_only=bool(items) and all(it.count == 1 for it in items))
 
     def _postprocess(self, plan: StepPlan, logits: torch.Tensor, rows) -> None:
-        offset = 0
-        samplers = []
+        spans, offset = [], 0  # each request's logits rows: a tree's nodes, or r's rows
         for it, r in zip(plan.items, rows):
+            k = it.num_tokens if it.tree is not None else len(r.all_rows())
+            spans.append(logits[offset : offset + k])
+            offset += k
+        targets = self.spec.greedy_targets(  # every greedy tree's argmax in one read
+            [(it.req, it.tree, x) for it, x in zip(plan.items, spans) if it.tree is not None]
+        ) if plan.has_trees else {}
+        samplers = []
+        for it, r, req_logits in zip(plan.items, rows, spans):
             req, n = it.req, it.num_tokens
             if it.tree is not None:
-                self._accept_tree(it, logits[offset : offset + n])
-                offset += n
+                self._accept_tree(it, req_logits, targets.get(req.rid))
                 continue
-            k = len(r.all_rows())
-            req_logits = logits[offset : offset + k]
-            offset += k
             req.kv_len += n
             self.outputs.collect_input_logprobs(req, r, req_logits)
             if req.kv_len == req.fill_len:
@@ -320,10 +328,11 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
             self.outputs.sample_and_append([s[0] for s in samplers],
                                            torch.stack([s[1] for s in samplers]))
 
-    def _accept_tree(self, it: ScheduledReq, logits: torch.Tensor) -> None:
+    def _accept_tree(self, it: ScheduledReq, logits: torch.Tensor,
+                     target_ids: Optional[List[int]]) -> None:
         """Append the accepted run; keep the KV of its nodes, free the rest of the tree."""
         req, tree = it.req, it.tree
-        result = self.spec.verify(req, tree, logits)
+        result = self.spec.verify(req, tree, logits, target_ids)
         # the path's rows only for logprobs: gathering 10 vocab-wide rows costs ~0.5 ms
         path_logits = logits[result.path] if req.return_logprob else None
         emitted = self.outputs.append_verified(req, result.tokens, path_logits)
@@ -334,9 +343,10 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
         keep = result.path[:emitted]  # the root plus every accepted node still in the output
         it.kept = keep
         row[req.kv_len : req.kv_len + len(keep)] = tree_slots[keep]
-        dropped = torch.ones(len(tree), dtype=torch.bool, device=tree_slots.device)
-        dropped[keep] = False
-        self.allocator.free(tree_slots[dropped])
+        kept = set(keep)  # the rest by index, known on the host (a bool mask would sync)
+        dropped = [i for i in range(len(tree)) if i not in kept]
+        self.allocator.free(tree_slots[torch.tensor(dropped, dtype=torch.int64,
+                                                    device=tree_slots.device)])
         req.kv_len += len(keep)
 
 def _eos_ids(config, tokenizer) -> set:

@@ -51,6 +51,7 @@ class SchedulerStateMixin:
         assert self.is_idle(), "requests are still running"
         self.tree_cache.check_integrity()
         self.tree_cache.reset()
+        self.allocator.check()
         assert self.allocator.available_size() == self.allocator.size, (
             f"KV slots leaked: {self.allocator.size - self.allocator.available_size()}")
         assert self.req_to_token_pool.available_size() == self.req_to_token_pool.size

@@ -53,6 +53,8 @@ class TokenSlotAllocator:
     def __init__(self, size: int, device: str = "cpu") -> None:
         self.size = size
         self.device = device
+        # on a GPU, frees are checked without a host read each (see check())
+        self.defer_checks = torch.device(device).type != "cpu"
         self.clear()
 
     def clear(self) -> None:
@@ -61,6 +63,7 @@ class TokenSlotAllocator:
         # is_free[slot]: catches double frees and frees of foreign slots at the source.
         self._is_free = torch.ones(self.size + 1, dtype=torch.bool, device=self.device)
         self._is_free[0] = False
+        self._bad = torch.zeros((), dtype=torch.bool, device=self.device)
 
     def available_size(self) -> int:
         return self._num_free
@@ -79,13 +82,23 @@ class TokenSlotAllocator:
         n = int(slots.numel())
         if n == 0:
             return
-        assert int(slots.min()) >= 1 and int(slots.max()) <= self.size, "freeing a slot out of range"
-        assert not bool(self._is_free[slots].any()), "double free of a KV slot"
+        if not self.defer_checks:
+            assert int(slots.min()) >= 1 and int(slots.max()) <= self.size, (
+                "freeing a slot out of range")
+            assert not bool(self._is_free[slots].any()), "double free of a KV slot"
+            index = slots
+        else:  # the same checks, kept on the device until check() reads them
+            index = slots.clamp(0, self.size)  # a bad slot must not fault the device
+            self._bad |= ((slots < 1) | (slots > self.size)).any() | self._is_free[index].any()
         end = self._num_free + n
         assert end <= self.size, "freeing more KV slots than were allocated"
         self._free[self._num_free : end] = slots.flip(0)
-        self._is_free[slots] = True
+        self._is_free[index] = True
         self._num_free = end
+
+    def check(self) -> None:
+        """The frees' range and double-free checks on a GPU (on the host they ran at once)."""
+        assert not bool(self._bad), "a freed KV slot was out of range or already free"
 
     def free_slots(self) -> torch.Tensor:
         """The currently free slots (for integrity checks in tests)."""

@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.utils import host_sync
 
 
 @dataclasses.dataclass
@@ -72,16 +73,18 @@ def logits_to_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tens
     """
     scaled = logits.float() / info.temperatures  # [bs, vocab]
     if info.need_top_k:
-        scaled = _mask_top_k(scaled, info.top_ks, info.vocab_size)
+        scaled = _mask_top_k(scaled, info.top_ks, info.top_ks_host, info.vocab_size)
     probs = torch.softmax(scaled, dim=-1)
     if info.need_top_p:
-        probs = _mask_top_p(probs, info.top_ps, info.top_ks, info.vocab_size)
+        # the head's cap: the largest top-k of the sampled rows, known on the host
+        k_cap = max(k for k, g in zip(info.top_ks_host, info.greedy_host) if not g)
+        probs = _mask_top_p(probs, info.top_ps, info.top_ps_host, k_cap, info.vocab_size)
     if info.need_min_p:
         max_probs = probs.max(dim=-1, keepdim=True).values  # [bs, 1]
         probs = probs.masked_fill(probs < max_probs * info.min_ps.unsqueeze(1), 0.0)
     if info.need_top_p or info.need_min_p:
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    if bool(info.is_greedy.any()):
+    if any(info.greedy_host):
         # Argmax of the unscaled logits: division could merge two close values into a tie.
         one_hot = torch.zeros_like(probs).scatter_(
             1, torch.argmax(logits, dim=-1, keepdim=True), 1.0)
@@ -89,26 +92,33 @@ def logits_to_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tens
     return probs
 
 
-def _mask_top_k(scaled: torch.Tensor, top_ks: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def _host_rows(flags: Sequence[bool], device) -> torch.Tensor:
+    """The rows whose flag is set, from host flags (a nonzero() on a GPU waits for it)."""
+    return torch.tensor([i for i, f in enumerate(flags) if f], dtype=torch.int64, device=device)
+
+
+def _mask_top_k(scaled: torch.Tensor, top_ks: torch.Tensor, top_ks_host: Sequence[int],
+                vocab_size: int) -> torch.Tensor:
     """Set logits below each row's k-th largest value to -inf (rows with k == vocab: untouched)."""
-    rows = torch.nonzero(top_ks < vocab_size).flatten()
+    rows = _host_rows([k < vocab_size for k in top_ks_host], scaled.device)
     sub = scaled[rows]  # [n, vocab]
     k_rows = top_ks[rows]  # [n]
-    top_vals = torch.topk(sub, int(k_rows.max()), dim=-1).values  # [n, k_max], descending
+    k_max = max(k for k in top_ks_host if k < vocab_size)
+    top_vals = torch.topk(sub, k_max, dim=-1).values  # [n, k_max], descending
     kth = top_vals.gather(1, (k_rows - 1).unsqueeze(1))  # [n, 1]
     scaled = scaled.clone()
     scaled[rows] = sub.masked_fill(sub < kth, float("-inf"))
     return scaled
 
 
-def _mask_top_p(probs: torch.Tensor, top_ps: torch.Tensor, top_ks: torch.Tensor,
-                vocab_size: int) -> torch.Tensor:
+def _mask_top_p(probs: torch.Tensor, top_ps: torch.Tensor, top_ps_host: Sequence[float],
+                k_cap: int, vocab_size: int) -> torch.Tensor:
     """Keep, per row with top_p < 1, the smallest head of the sorted distribution whose mass
     reaches top_p (plus ties with its last token); zero the rest (not renormalised)."""
-    rows = torch.nonzero(top_ps < 1.0).flatten()
+    rows = _host_rows([p < 1.0 for p in top_ps_host], probs.device)
     sub = probs[rows]  # [n, vocab]
     p = top_ps[rows].unsqueeze(1)  # [n, 1]
-    sorted_vals = _sorted_head(sub, p, int(top_ks[rows].max()), vocab_size)  # [n, h]
+    sorted_vals = _sorted_head(sub, p, k_cap, vocab_size)  # [n, h]
     mass_before = torch.cumsum(sorted_vals, dim=-1) - sorted_vals  # exclusive prefix sums
     n_keep = (mass_before < p).sum(dim=-1).clamp(min=1)  # [n]
     cutoff = sorted_vals.gather(1, (n_keep - 1).unsqueeze(1))  # [n, 1]
@@ -130,7 +140,8 @@ def _sorted_head(sub: torch.Tensor, p: torch.Tensor, k_cap: int, vocab_size: int
         if k >= vocab_size:
             return torch.sort(sub, dim=-1, descending=True).values
         head = torch.topk(sub, k, dim=-1).values  # [n, k]
-        if k >= k_cap or bool((torch.cumsum(head, dim=-1)[:, -1:] >= p).all()):
+        if k >= k_cap or host_sync.to_bool((torch.cumsum(head, dim=-1)[:, -1:] >= p).all(),
+                                           "top_p_head"):
             return head
         k = min(k * 8, k_cap)
 
@@ -152,11 +163,9 @@ def draw_from_probs(probs: torch.Tensor,
     targets = (uniforms.to(cdf.device) * cdf[:, -1]).unsqueeze(1)  # [n, 1], in [0, total)
     # First index whose cdf exceeds the target: never a zero-probability token.
     ids = torch.searchsorted(cdf, targets, right=True).squeeze(1)  # [n]
-    overflow = ids >= vocab  # the target rounded up to the total: take the last non-zero token
-    if bool(overflow.any()):
-        for i in torch.nonzero(overflow).flatten().tolist():
-            ids[i] = torch.nonzero(probs[i] > 0).flatten()[-1]
-    return ids
+    # the target rounded up to the total: take the last non-zero token (no device read)
+    last_nonzero = vocab - 1 - torch.argmax((probs.flip(-1) > 0).to(torch.int8), dim=-1)
+    return torch.where(ids >= vocab, last_nonzero, ids)
 
 
 def sample(logits: torch.Tensor, info: SamplingBatchInfo,
@@ -167,8 +176,9 @@ def sample(logits: torch.Tensor, info: SamplingBatchInfo,
     next_ids = greedy_ids(adjusted)  # [bs]
     if not info.is_all_greedy:
         probs = logits_to_probs(adjusted, info)
-        sampled_rows = torch.nonzero(~info.is_greedy).flatten()
-        gens = [info.generators[i] for i in sampled_rows.tolist()]
+        sampled = [i for i, g in enumerate(info.greedy_host) if not g]
+        sampled_rows = torch.tensor(sampled, dtype=torch.int64, device=logits.device)
+        gens = [info.generators[i] for i in sampled]
         next_ids[sampled_rows] = draw_from_probs(probs[sampled_rows], gens)
     logprobs = adjusted_logprobs(adjusted, info) if return_logprobs else None
     return SampleOutput(next_token_ids=next_ids, logprobs=logprobs)
@@ -187,8 +197,9 @@ def top_logprobs(logprobs_row: torch.Tensor, k: int) -> List[Tuple[float, int]]:
     if k <= 0:
         return []
     vals, ids = torch.topk(logprobs_row, k)
-    return list(zip(vals.tolist(), ids.tolist()))
+    return list(zip(host_sync.to_list(vals, "top_logprobs"),
+                    host_sync.to_list(ids, "top_logprobs")))
 
 
 def token_logprob(logprobs_row: torch.Tensor, token_id: int) -> float:
-    return float(logprobs_row[token_id])
+    return host_sync.to_float(logprobs_row[token_id], "token_logprob")

@@ -41,6 +41,11 @@ class SamplingBatchInfo:
     need_top_p: bool
     need_top_k: bool
     need_min_p: bool
+    # the same flags and top-k on the host: the sampler picks rows and sizes without reading
+    # the device (no sync; utils/host_sync.py)
+    greedy_host: List[bool] = dataclasses.field(default_factory=list)
+    top_ks_host: List[int] = dataclasses.field(default_factory=list)
+    top_ps_host: List[float] = dataclasses.field(default_factory=list)
     penalties: Optional[PenaltyState] = None
     # [bs, vocab] bool, True = token forbidden (grammar-constrained decoding fills it).
     vocab_mask: Optional[torch.Tensor] = None
@@ -82,6 +87,7 @@ class SamplingBatchInfo:
             need_top_p=any(p < 1.0 for p in top_ps),
             need_top_k=any(k < vocab_size for k in top_ks),
             need_min_p=any(p > 0.0 for p in min_ps),
+            greedy_host=greedy, top_ks_host=top_ks, top_ps_host=top_ps,
             penalties=PenaltyState.build(reqs, vocab_size, device),
         )
 
@@ -103,6 +109,9 @@ class SamplingBatchInfo:
             min_ps=expand(self.min_ps),
             is_greedy=expand(self.is_greedy),
             generators=generators,
+            greedy_host=[g for g, n in zip(self.greedy_host, repeats) for _ in range(n)],
+            top_ks_host=[k for k, n in zip(self.top_ks_host, repeats) for _ in range(n)],
+            top_ps_host=[p for p, n in zip(self.top_ps_host, repeats) for _ in range(n)],
             penalties=None if self.penalties is None else self.penalties.repeat_rows(rep),
             vocab_mask=None if self.vocab_mask is None else expand(self.vocab_mask),
         )

@@ -10,6 +10,7 @@ from sglang.srt.sampling.sampler import logits_to_probs
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.speculative.tree import DraftTree
 from sglang.srt.speculative.verify import VerifyResult, verify_greedy, verify_sampling
+from sglang.srt.utils import host_sync
 
 
 def verify_with_grammar(req, tree: DraftTree, adjusted: torch.Tensor, info: SamplingBatchInfo,
@@ -27,7 +28,9 @@ def verify_with_grammar(req, tree: DraftTree, adjusted: torch.Tensor, info: Samp
         return adjusted[node].masked_fill(mask, float("-inf"))
 
     if req.sampling_params.is_greedy:
-        result = verify_greedy(tree, lambda n: int(row(n).argmax()))
+        # one read per node: each node's mask depends on the path before it
+        result = verify_greedy(
+            tree, lambda n: host_sync.to_int(row(n).argmax(), "grammar_verify"))
     else:
         one = dataclasses.replace(info, vocab_mask=None)
         result = verify_sampling(
@@ -43,4 +46,6 @@ def _row_info(info: SamplingBatchInfo, row: int) -> SamplingBatchInfo:
     return dataclasses.replace(info, temperatures=info.temperatures[sl], top_ps=info.top_ps[sl],
                                top_ks=info.top_ks[sl], min_ps=info.min_ps[sl],
                                is_greedy=info.is_greedy[sl], generators=info.generators[sl],
+                               greedy_host=info.greedy_host[sl], top_ks_host=info.top_ks_host[sl],
+                               top_ps_host=info.top_ps_host[sl],
                                penalties=None, vocab_mask=None)

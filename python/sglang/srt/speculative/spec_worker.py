@@ -18,27 +18,17 @@ import torch
 
 from sglang.srt.speculative.budget_policy import BudgetPolicy, CostModelBudget
 from sglang.srt.speculative.config import SpecConfig
-from sglang.srt.speculative.controller import (PRIOR_RATE, AcceptanceEMA, RequestController,
-                                               expected_tokens)
+from sglang.srt.speculative.controller import PRIOR_RATE, AcceptanceEMA, RequestController
 from sglang.srt.speculative.cost_model import CostModel, StepTimer
 from sglang.srt.speculative.drafters import build_drafter
-from sglang.srt.speculative.grammar_verify import verify_with_grammar
+from sglang.srt.speculative.request_decisions import RequestDecisions
 from sglang.srt.speculative.tree import DraftTree
-from sglang.srt.speculative.verify import VerifyResult, verify_greedy, verify_sampling
-from sglang.srt.sampling.sampler import apply_logit_adjustments, greedy_ids, logits_to_probs
-from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.speculative.verify import VerifyResult
+from sglang.srt.speculative.verify_batch import greedy_targets, verify_tree
 
 logger = logging.getLogger(__name__)
 
 TYPICAL_BACKLOG = 64  # draft catch-up tokens per request beyond which a step is atypical
-# A verify step of `rows` rows over a plain step, for a drafter that costs nothing, until the
-# cost model has measured both at the batch size: 1 + 0.12 per extra row, a fit of
-# benchmark/results/verify_cost.json (0.5B bf16, 1K-16K context; docs/decisions.md)
-VERIFY_ROW_COST = 0.12
-
-
-def verify_cost_prior(rows: int) -> float:
-    return 1.0 + VERIFY_ROW_COST * max(rows - 1, 0)
 CATCH_UP_SAMPLE = 64  # catch-ups of at least this many tokens price a draft token
 
 
@@ -80,7 +70,8 @@ class SpecWorker:
         self.draft_cached: Dict[str, int] = {}  # rid -> draft tokens reused at admission
         self.total_verify_ct = 0
         self.total_accepted_tokens = 0  # tokens emitted by decode steps
-        self.controllers: Dict[str, RequestController] = {}
+        self.decisions = RequestDecisions(cfg, self.drafter)  # per request, never shared
+        self.controllers: Dict[str, RequestController] = self.decisions.controllers
         self.cost_model = CostModel(self._candidate_budgets()) if cfg.cost_model else None
         self.default_policy = CostModelBudget(self.cost_model, self.num_draft_tokens)
         self.policy: BudgetPolicy = self.default_policy
@@ -93,9 +84,7 @@ class SpecWorker:
         self.draft_share = (self.draft_kv.num_params / target_params
                             if self.draft_kv.enabled and target_params else 1.0)
         self.grammar_backend = grammar_backend  # masks drafted tokens a grammar forbids
-        # verifies judged by their price in plain steps (free drafters, HYBRID's n-grams);
-        # else by the acceptance threshold
-        self.prices_verifies = self.drafter.costs_nothing or self.drafter.drafts_without_model
+        self.prices_verifies = self.decisions.prices_verifies
 
     def _candidate_budgets(self) -> List[int]:
         full = self.num_draft_tokens
@@ -110,21 +99,7 @@ class SpecWorker:
         return budget - 1
 
     def controller(self, req) -> RequestController:
-        ctl = self.controllers.get(req.rid)
-        if ctl is None:
-            if self.drafter.costs_nothing:
-                # decisions per request: its own acceptance from a fixed prior, its own draft
-                # length (trying costs a free drafter next to nothing)
-                ctl = RequestController(self.cfg.fallback)
-                ctl.max_draft_len = ctl.draft_len = self.num_draft_tokens - 1
-            else:  # the same fixed prior and first-step probe (docs/decisions.md)
-                ctl = RequestController(self.cfg.fallback,
-                                        can_drop_model=self.drafter.drafts_without_model)
-                if self.drafter.drafts_without_model:
-                    # HYBRID: its n-grams alone (model off) size their draft as NGRAM does
-                    ctl.max_draft_len = ctl.draft_len = self.num_draft_tokens - 1
-            self.controllers[req.rid] = ctl
-        return ctl
+        return self.decisions.controller(req)
 
     # ------------------------------------------------------------------ the target's features
     def bind_target(self, runner) -> None:
@@ -194,7 +169,7 @@ class SpecWorker:
         none.budget = budget
         budgets = [min(budget, self.context_len - r.fill_len,
                        r.max_new_tokens - len(r.output_ids) + 1,
-                       budget if policy.forced else self._own_budget(r, budget))
+                       budget if policy.forced else self.decisions.own_budget(r, budget))
                    for r in cands]
         keep = [(r, b) for r, b in zip(cands, budgets) if b >= 2]
         if budget <= 1 or not keep:
@@ -215,14 +190,6 @@ class SpecWorker:
             return Proposal(none.trees, 1 if timed_plain else budget, typical and timed_plain)
         return Proposal([by_rid.get(r.rid) for r in reqs], budget, typical,
                         self._break_even(len(reqs), budget))
-
-    def _own_budget(self, req, budget: int) -> int:
-        """The request's own draft length, plus the root: free drafters size it per request,
-        HYBRID while its draft model sits out for the request (its n-grams alone); a draft
-        model's tree keeps the step's budget."""
-        ctl = self.controller(req)
-        own = ctl.draft_len if self.drafter.costs_nothing or ctl.model_off else 0
-        return own + 1 if own else budget
 
     def _break_even(self, batch_size: int, budget: int) -> Optional[float]:
         """Tokens per verify at which this step's speculation is as fast as plain decoding,
@@ -253,17 +220,17 @@ class SpecWorker:
             self.cost_model.observe_catch_up(read.computed_tokens, read.seconds)
 
     # ------------------------------------------------------------------ verify
-    def verify(self, req, tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
-        """logits: [len(tree), vocab] target logits at every tree node."""
-        info = SamplingBatchInfo.from_reqs([req], self.vocab_size, device=logits.device
-                                           ).expand_rows([len(tree)])
-        adjusted = apply_logit_adjustments(logits.float(), info)
-        if req.grammar is not None:
-            result = verify_with_grammar(req, tree, adjusted, info, self.grammar_backend)
-        elif req.sampling_params.is_greedy:
-            result = verify_greedy(tree, greedy_ids(adjusted).tolist())
-        else:
-            result = verify_sampling(tree, logits_to_probs(adjusted, info), req.generator)
+    def greedy_targets(self, trees) -> Dict[str, List[int]]:
+        """(req, tree, logits) per verify of the step -> every greedy tree's target argmax
+        per node, read from the device once for all (verify_batch.py)."""
+        return greedy_targets(trees, self.vocab_size)
+
+    def verify(self, req, tree: DraftTree, logits: torch.Tensor,
+               target_ids: Optional[List[int]] = None) -> VerifyResult:
+        """logits: [len(tree), vocab] target logits at every tree node; target_ids: a greedy
+        request's argmax per node when `greedy_targets` already read them."""
+        result = verify_tree(req, tree, logits, self.vocab_size, self.grammar_backend,
+                             target_ids)
         self.drafter.on_verified(req, result.path)
         return result
 
@@ -272,7 +239,8 @@ class SpecWorker:
         plain step), `accepted` of them taken, `emitted` tokens appended."""
         ctl = self.controller(req)
         if offered:
-            ctl.on_verify(accepted, offered, emitted, self._price(req, offered))
+            ctl.on_verify(accepted, offered, emitted,
+                          self.decisions.price(req, offered, self.proposal.break_even))
             self.rate_prior = self.acceptance.update(accepted, offered)
         else:
             ctl.on_plain_tokens(emitted)
@@ -284,19 +252,6 @@ class SpecWorker:
         hist[accepted] += 1
         self.total_verify_ct += 1
         self.total_accepted_tokens += emitted
-
-    def _price(self, req, offered: int) -> Optional[float]:
-        """What the verify just recorded cost in plain steps, for the fallback window: a free
-        drafter's by the step's measured cost (else the tree's own rows); HYBRID's with its
-        draft model at least the seed's rule at the model's depth (its steps' cost); None
-        for a draft model (judged by the acceptance threshold)."""
-        if not self.prices_verifies:
-            return None
-        price = self.proposal.break_even or verify_cost_prior(offered + 1)
-        if self.drafter.model_ran_for(req):
-            depth = min(self.num_steps, offered)
-            price = max(price, expected_tokens(self.cfg.fallback.threshold, depth))
-        return price
 
     def after_prefill(self, reqs, running=(), prefill_tokens: int = 0) -> None:
         """Requests whose prompt the target has just finished: catch the draft up on them
@@ -418,7 +373,7 @@ class SpecWorker:
 
     def forget(self, req) -> None:
         """The request finished: drop its controller too (retraction keeps it)."""
-        self.controllers.pop(req.rid, None)
+        self.decisions.forget(req.rid)
         self.draft_cached.pop(req.rid, None)
 
     def check_all_free(self) -> None:

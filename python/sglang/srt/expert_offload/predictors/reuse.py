@@ -8,6 +8,7 @@ import torch
 
 from sglang.srt.expert_offload.messages import StepContext
 from sglang.srt.expert_offload.predictors.base import ExpertPredictor
+from sglang.srt.utils import host_sync
 
 
 class ReusePredictor(ExpertPredictor):
@@ -31,7 +32,7 @@ class ReusePredictor(ExpertPredictor):
         return out
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
-        ids = topk_ids.reshape(-1).cpu()
+        ids = host_sync.to_cpu(topk_ids.reshape(-1), "prefetch_reuse")
         num = int(ids.max()) + 1 if ids.numel() else 0
         hist = self.history.get(layer)
         if hist is None or hist.numel() < num:

@@ -27,6 +27,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from sglang.srt.utils import host_sync
+
 MAX_ROWS = 1024  # prompt tokens per request a map learns from (the start of each prompt)
 
 
@@ -81,7 +83,8 @@ class RoutingMap:
         if self._pass is None or layer not in self._xty:
             return
         rows, got, drafted = self._pass
-        got[layer] = logits.detach().float().cpu()  # the sums and solves live on the host
+        # the sums and solves live on the host
+        got[layer] = host_sync.to_cpu(logits.detach().float(), "route_map_logits")
         if len(got) < len(self.layers):
             return
         self._pass = None  # every layer seen: file the rows under their requests
@@ -95,7 +98,8 @@ class RoutingMap:
                 pending[start + i] = stack[off + i]
             off += n
         if drafted is not None:
-            self._add({d: h.float().cpu() for d, h in drafted.items()}, stack[off:])
+            self._add({d: host_sync.to_cpu(h.float(), "route_map_hidden")
+                       for d, h in drafted.items()}, stack[off:])
 
     # ---- the draft's side ------------------------------------------------------------------
 
@@ -108,8 +112,9 @@ class RoutingMap:
         if not picks or not self.collecting or any(d not in hidden for d in self._xtx):
             return
         index = torch.tensor([i for i, _ in picks])
-        self._add({d: hidden[d].index_select(0, index.to(hidden[d].device)).float().cpu()
-                   for d in self._xtx}, torch.stack([t for _, t in picks]))
+        self._add({d: host_sync.to_cpu(
+            hidden[d].index_select(0, index.to(hidden[d].device)).float(), "route_map_hidden")
+            for d in self._xtx}, torch.stack([t for _, t in picks]))
 
     def _add(self, hidden: Dict[int, torch.Tensor], y: torch.Tensor) -> None:
         """Pairs: draft residuals {draft layer: [n, H]} (every layer of the map's, on the

@@ -26,6 +26,7 @@ from sglang.srt.layers.moe.recorder import get_expert_recorder
 from sglang.srt.layers.moe.router import Router, RouterConfig, RoutingResult
 
 from sglang.srt.layers.moe.hooks import NO_HOOKS, ExpertSlots, MoEHooks
+from sglang.srt.utils import host_sync
 
 # checkpoint leaf name -> (which of gate / up / down): Qwen / DeepSeek / OLMoE and Mixtral
 EXPERT_LEAVES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2, "w1": 0, "w3": 1, "w2": 2}
@@ -44,7 +45,8 @@ def experts_forward_into(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     active, counts = torch.unique_consecutive(sorted_slots, return_counts=True)
     out_flat = out.view(-1, out.shape[-1])
     start = 0
-    for slot, n in zip(active.tolist(), counts.tolist()):
+    groups = host_sync.to_list(torch.stack([active, counts]), "moe_expert_groups")
+    for slot, n in zip(*groups):
         rows = order[start : start + n]
         start += n
         if slot < 0:
@@ -165,7 +167,8 @@ class MoEExperts(nn.Module):
             compute(self.w13, self.w2, ids)
             return
         store, layer = self.store, self.layer_id
-        needed = [e for e in torch.unique(ids).tolist() if e >= 0]  # -1: another EP rank's
+        # -1: another EP rank's
+        needed = [e for e in host_sync.to_list(torch.unique(ids), "expert_store_ids") if e >= 0]
         n = store.num_slots
         if len(needed) > n:
             resident, mapped = set(store.resident(layer)), set(store.mapped(layer))

@@ -131,7 +131,7 @@ class Eagle3Drafter(StandaloneDrafter):
         return req.fill_len - 1
 
     def _target_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head.to_target_ids(ids.to(self.head.d2t.device)).cpu()
+        return self.head.to_target_ids(ids.to(self.head.d2t.device))
 
     def warm_many(self, reqs, ends: List[int]) -> List[bool]:
         # a row needs the next token: the prompt's last token gets its row once sampled

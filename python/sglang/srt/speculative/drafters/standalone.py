@@ -31,6 +31,7 @@ from sglang.srt.speculative.draft_kv_state import ChunkJob, DraftContext, Piece,
 from sglang.srt.speculative.drafters.base import (NO_OBSERVER, CatchUpRecord, DraftKVOwner,
                                                   DraftObserver, Drafter)
 from sglang.srt.speculative.tree import DraftTree, select_best
+from sglang.srt.utils import host_sync
 
 logger = logging.getLogger(__name__)
 
@@ -325,14 +326,19 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
         node_slots: List[Dict[int, int]] = [{} for _ in reqs]  # tree node -> draft slot
         temp_slots: List[torch.Tensor] = []
         for step in range(steps):
+            # every request's top-k of this level in one read from the device
+            tops = [torch.topk(torch.log_softmax(x.float(), dim=-1), self.topk, dim=-1)
+                    for x in logits]
+            vals = host_sync.to_list(torch.cat([t.values for t in tops]), "draft_topk")
+            ids = host_sync.to_list(self._target_ids(torch.cat([t.indices for t in tops])),
+                                    "draft_topk")
+            row = 0
             for i, tree in enumerate(trees):
                 children = []
-                lps = torch.log_softmax(logits[i].float(), dim=-1)
-                top = torch.topk(lps, self.topk, dim=-1)
-                for f, node in enumerate(frontier[i]):
-                    for lp, tok in zip(top.values[f].tolist(),
-                                       self._target_ids(top.indices[f]).tolist()):
+                for node in frontier[i]:
+                    for lp, tok in zip(vals[row], ids[row]):
                         children.append(tree.add(tok, node, tree.scores[node] + lp))
+                    row += 1
                 # The next level expands only the best `topk` new nodes (EAGLE-2 beam).
                 children.sort(key=lambda c: -tree.scores[c])
                 frontier[i] = children[: self.topk]
@@ -348,13 +354,14 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
         ids, pos, seq_lens, ext, kv_idx, masks = [], [], [], [], [], []
         new_slots = self.allocator.alloc(sum(len(f) for f in frontier))
         temp_slots.append(new_slots)
+        new_host = host_sync.to_list(new_slots, "draft_slots")
         k = 0
         for r, tree, front, slots_of in zip(reqs, trees, frontier, node_slots):
             ctx = self.contexts[r.rid]
             prefix = self.kv.view(ctx)  # the root's KV is its last computed token
             root_pos = self.kv.root_position(ctx)
             for node in front:
-                slots_of[node] = int(new_slots[k])
+                slots_of[node] = new_host[k]
                 k += 1
             nodes = sorted(slots_of)  # every tree node with draft KV, frontier included
             col = {n: j for j, n in enumerate(nodes)}
@@ -418,20 +425,28 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
     def _batch(self, reqs, ids: List[int], pos: torch.Tensor, seq_lens: List[int],
                ext: List[int], out_loc: torch.Tensor, rows: List[int],
                kv_indices: Sequence[torch.Tensor], custom_mask=None) -> ForwardBatch:
+        # every tensor on the draft's device, moved here once (the host builds the rows)
+        dev = self.runner.device
+        pool_rows = [r.req_pool_idx for r in reqs]
         return ForwardBatch(
             forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(reqs),
-            input_ids=torch.tensor(ids, dtype=torch.int64), positions=pos,
-            req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64),
-            seq_lens=torch.tensor(seq_lens), extend_seq_lens=torch.tensor(ext),
-            out_cache_loc=out_loc, req_to_token_pool=self.req_to_token,
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev), positions=pos.to(dev),
+            req_pool_indices=torch.tensor(pool_rows, dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(seq_lens, device=dev),
+            extend_seq_lens=torch.tensor(ext, device=dev),
+            out_cache_loc=out_loc.to(dev), req_to_token_pool=self.req_to_token,
             token_to_kv_pool=self.runner.kv_pool, attn_backend=self.runner.attn_backend,
             seq_lens_cpu=list(seq_lens), extend_seq_lens_cpu=list(ext),
-            logits_indices=torch.tensor(rows, dtype=torch.int64),
-            kv_indices=list(kv_indices), custom_mask=custom_mask)
+            req_pool_indices_cpu=pool_rows,
+            logits_indices=torch.tensor(rows, dtype=torch.int64, device=dev),
+            kv_indices=[k if k is None or isinstance(k, slice) else k.to(dev) for k in kv_indices],
+            custom_mask=None if custom_mask is None else [
+                None if m is None else m.to(dev) for m in custom_mask])
 
     # ------------------------------------------------------------------ memory
     def check_all_free(self) -> None:
         assert not self.contexts, f"draft KV still held for {list(self.contexts)}"
+        self.allocator.check()
         assert self.allocator.available_size() == self.allocator.size, "draft KV slots leaked"
 
 
