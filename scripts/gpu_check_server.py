@@ -105,6 +105,9 @@ def check_model(name: str, spec: Dict, device: str, dtypes: List[str]) -> List[D
                 try:
                     got = [greedy(srv, p) for p in prompts]
                     srv.assert_all_slots_free()
+                    # device-to-host reads per decode step, by site (utils/host_sync.py)
+                    state = srv.get("/server_info").json()["internal_states"][0]
+                    row["host_syncs"] = state["host_syncs"]["per_decode_step"]
                 finally:
                     srv.stop()
                 row["agree_prefix"] = [agreement(g, w) for g, w in zip(got, want)]
@@ -165,6 +168,9 @@ def timings(device: str) -> List[Dict]:
                 try:
                     greedy(srv, prompt, 4)  # warm: the prefix is cached, kernels compiled
                     got = decode_rate(srv, prompt, 128)
+                    # the step's device-to-host reads per decode step, by site (host_sync.py)
+                    state = srv.get("/server_info").json()["internal_states"][0]
+                    got["host_syncs_per_decode_step"] = state["host_syncs"]["per_decode_step"]
                 except Exception as e:
                     got = {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}
                 out.append({"config": config, "context": ctx, **got})

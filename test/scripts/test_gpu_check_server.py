@@ -27,3 +27,7 @@ def test_gpu_check_server_smoke_passes_on_cpu(tmp_path):
     rows = {(r["model"], r["config"]) for r in result["rows"]}
     assert ("llama", "STANDALONE tree") in rows and ("deepseek_v2 (MLA)", "plain") in rows
     assert all(r["tokens_equal"] for r in result["rows"])
+    syncs = {(r["model"], r["config"]): r["host_syncs"] for r in result["rows"]}
+    # one read of the batch's tokens per plain greedy decode step, in a real server process
+    assert syncs[("llama", "plain")] == {"next_token_ids": 1.0}
+    assert syncs[("llama", "STANDALONE tree")].get("draft_topk", 0) > 0
