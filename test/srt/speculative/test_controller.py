@@ -607,3 +607,35 @@ def test_hybrid_model_that_pays_keeps_running():
     for _ in range(100):  # 3 tokens a verify for 1.9 plain steps
         c.on_verify(2, 10, 3, break_even=MODEL_PRICE)
     assert c.mode == SPEC and not c.model_off and c.model_backoff == 1
+
+
+def test_hybrid_prices_reading_a_prompt_at_its_draft_models_depth(tiny_llama_dir):
+    """HYBRID's n-grams fill a tree 9 deep with no draft KV; reading a prompt buys only the
+    draft model's 3 levels. A catch-up that would pay at the n-grams' depth but not at the
+    model's is not made: the request drafts with n-grams alone, at its own draft length."""
+    from sglang.test.scheduler_driver import make_scheduler
+
+    spec = make_scheduler(tiny_llama_dir, speculative_algorithm="HYBRID",
+                          speculative_draft_model_path=tiny_llama_dir,
+                          speculative_num_steps=3, speculative_num_draft_tokens=10,
+                          speculative_disable_cost_model=False).spec
+    assert spec.depth_of(10) == 9 and spec.catch_up_depth(10) == 3
+    cm = spec.cost_model
+    for budget, seconds in {1: 0.010, 10: 0.020}.items():
+        for _ in range(cm.min_samples):
+            cm.observe(1, budget, seconds)
+    cm.observe_catch_up(100, 0.35)  # 3.5 ms a draft token
+    rates = [0.9]  # a new request's probe rate
+    # 64 tokens: 0.64 s plain; 9 deep at 0.9 saves 0.44 s, 3 deep 0.27 s; reading 100: 0.35 s
+    assert cm.catch_up_pays(rates, spec.depth_of, 64, 100, 10)
+    assert not cm.catch_up_pays(rates, spec.catch_up_depth, 64, 100, 10)
+    assert cm.catch_up_pays(rates, spec.catch_up_depth, 640, 100, 10)  # a long answer: read
+    prose = _fake_req("prose")
+    for _ in range(6):
+        spec.record(prose, 9, 0, 1)  # n-gram drafts rejected: its own length shrinks
+    assert spec.decisions.own_budget(prose, 10) == 10  # with its model: the step's budget
+    assert spec.decisions.own_budget(prose, 10, model_sits_out=True) == 2  # n-grams alone
+    standalone = make_scheduler(tiny_llama_dir, speculative_algorithm="STANDALONE",
+                                speculative_draft_model_path=tiny_llama_dir).spec
+    assert standalone.catch_up_depth(4) == standalone.depth_of(4) == 3
+    assert standalone.decisions.own_budget(prose, 4, model_sits_out=True) == 4

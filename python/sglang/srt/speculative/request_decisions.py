@@ -52,12 +52,13 @@ class RequestDecisions:
             self.controllers[req.rid] = ctl
         return ctl
 
-    def own_budget(self, req, budget: int) -> int:
+    def own_budget(self, req, budget: int, model_sits_out: bool = False) -> int:
         """The request's own draft length, plus the root: free drafters size it per request,
-        HYBRID while its draft model sits out for the request (its n-grams alone); a draft
-        model's tree keeps the step's budget."""
+        HYBRID while its draft model sits out for the request (its n-grams alone: the model
+        off for it, or held back this step); a draft model's tree keeps the step's budget."""
         ctl = self.controller(req)
-        own = ctl.draft_len if self.drafter.costs_nothing or ctl.model_off else 0
+        alone = ctl.model_off or (model_sits_out and self.drafter.drafts_without_model)
+        own = ctl.draft_len if self.drafter.costs_nothing or alone else 0
         return own + 1 if own else budget
 
     def price(self, req, offered: int, break_even: Optional[float]) -> Optional[float]:

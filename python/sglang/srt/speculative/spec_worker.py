@@ -98,6 +98,15 @@ class SpecWorker:
         # n-grams (HYBRID's too) fill the budget's depth; the draft model stops at its steps
         return budget - 1
 
+    def catch_up_depth(self, budget: int) -> int:
+        """The tree depth a draft catch-up buys: the draft model's levels. HYBRID's n-grams
+        fill the rest of the depth with no draft KV at all, so reading a prompt for its
+        model is worth only the model's steps (priced at budget - 1, a 1K prompt was read
+        for 64-token answers the n-grams alone quoted: TTFT +1.6 s, docs/decisions.md)."""
+        if self.drafter.drafts_without_model:
+            return min(self.num_steps, budget - 1)
+        return self.depth_of(budget)
+
     def controller(self, req) -> RequestController:
         return self.decisions.controller(req)
 
@@ -169,7 +178,8 @@ class SpecWorker:
         none.budget = budget
         budgets = [min(budget, self.context_len - r.fill_len,
                        r.max_new_tokens - len(r.output_ids) + 1,
-                       budget if policy.forced else self.decisions.own_budget(r, budget))
+                       budget if policy.forced else
+                       self.decisions.own_budget(r, budget, model_sits_out=r.rid in held))
                    for r in cands]
         keep = [(r, b) for r, b in zip(cands, budgets) if b >= 2]
         if budget <= 1 or not keep:
@@ -209,7 +219,8 @@ class SpecWorker:
             return cands
         rates = [self.controller(r).decision_rate() for r in cands]
         remaining = sum(r.max_new_tokens - len(r.output_ids) for r in cands)
-        if self.cost_model.catch_up_pays(rates, self.depth_of, remaining, backlog, budget):
+        if self.cost_model.catch_up_pays(rates, self.catch_up_depth, remaining, backlog,
+                                         budget):
             return cands
         return [r for r, n in zip(cands, lag) if n <= TYPICAL_BACKLOG]
 
@@ -276,7 +287,8 @@ class SpecWorker:
                 return
             remaining = sum(r.max_new_tokens - len(r.output_ids) for r in batch)
             backlog = sum(self.draft_kv.backlog(r) for r in cands)
-            if not self.cost_model.catch_up_pays(rates, self.depth_of, remaining, backlog):
+            if not self.cost_model.catch_up_pays(rates, self.catch_up_depth, remaining,
+                                                 backlog):
                 return  # short answers where speculation gains little: not worth the read
         self.draft_kv.warm_many(cands, [r.kv_len for r in cands])
         self._price_catch_up()
