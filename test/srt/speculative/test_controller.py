@@ -639,37 +639,3 @@ def test_hybrid_prices_reading_a_prompt_at_its_draft_models_depth(tiny_llama_dir
                                 speculative_draft_model_path=tiny_llama_dir).spec
     assert standalone.catch_up_depth(4) == standalone.depth_of(4) == 3
     assert standalone.decisions.own_budget(prose, 4, model_sits_out=True) == 4
-
-
-def test_hybrid_ngrams_try_first_and_its_model_reads_only_where_they_do_not_carry(
-        tiny_llama_dir):
-    """HYBRID's draft model reads a request's prompt (a catch-up: ~1.5 s of a 1K prompt on
-    this CPU) only after the n-grams had their steps and emitted less than the model's chain
-    would: a request the n-grams quote is never read for it."""
-    import types
-
-    from sglang.test.scheduler_driver import make_scheduler
-
-    spec = make_scheduler(tiny_llama_dir, speculative_algorithm="HYBRID",
-                          speculative_draft_model_path=tiny_llama_dir,
-                          speculative_num_steps=3, speculative_num_draft_tokens=10,
-                          speculative_fallback_threshold=0,
-                          speculative_disable_cost_model=False).spec
-
-    def req(rid):  # a 1000-token prompt the draft has not read, 64 tokens to go
-        return types.SimpleNamespace(rid=rid, fill_len=1000, fill_ids=[1] * 1000,
-                                     max_new_tokens=64, output_ids=[], spec_verify_ct=0,
-                                     spec_accept_token_num=0, spec_accept_histogram=[])
-
-    quoting, prose = req("quote"), req("prose")
-    assert spec.draft_kv.backlog(prose) > 64
-    assert spec.decisions.ngrams_carry(quoting) and spec.decisions.ngrams_carry(prose)
-    assert spec._worth_catching_up([quoting, prose], 10) == []  # untried n-grams go first
-    for _ in range(2):
-        spec.record(quoting, 9, 8, 9)  # the n-grams quote: 9 tokens a verify
-        spec.record(prose, 9, 0, 1)  # rejected at once
-    assert spec.decisions.ngrams_carry(quoting) and not spec.decisions.ngrams_carry(prose)
-    # the catch-up's price is unknown here, so a read that may pay is made: for prose only
-    assert spec._worth_catching_up([quoting, prose], 10) == [prose]
-    spec.forget(prose)
-    assert "prose" not in spec.decisions.ngram_steps

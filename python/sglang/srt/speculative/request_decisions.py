@@ -8,10 +8,10 @@ and after others when its own acceptance is the same (issue 28). The step's orch
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 from sglang.srt.speculative.config import SpecConfig
-from sglang.srt.speculative.controller import PRIOR_RATE, RequestController, expected_tokens
+from sglang.srt.speculative.controller import RequestController, expected_tokens
 
 # A verify step of `rows` rows over a plain step, for a drafter that costs nothing, until the
 # cost model has measured both at the batch size: 1 + 0.12 per extra row, a fit of
@@ -23,11 +23,6 @@ def verify_cost_prior(rows: int) -> float:
     return 1.0 + VERIFY_ROW_COST * max(rows - 1, 0)
 
 
-# HYBRID: the n-grams try a request first; its draft model reads the prompt only after this
-# many decode steps without it showed the n-grams emitting less than the model's chain would
-NGRAM_TRIES = 2
-
-
 class RequestDecisions:
     """rid -> RequestController, created on a request's first step and dropped when it
     finishes (a retracted request keeps its own)."""
@@ -35,11 +30,6 @@ class RequestDecisions:
     def __init__(self, cfg: SpecConfig, drafter) -> None:
         self.cfg, self.drafter = cfg, drafter
         self.controllers: Dict[str, RequestController] = {}
-        # HYBRID: rid -> (decode steps without the draft model, EMA of tokens they emitted)
-        self.ngram_steps: Dict[str, Tuple[int, float]] = {}
-        # what the model's chain emits a verify at the prior acceptance: the n-grams carry
-        # a request while they emit at least this (2.53 for 3 steps at 0.7)
-        self.model_bar = expected_tokens(PRIOR_RATE, cfg.num_steps)
         # verifies judged by their price in plain steps (free drafters, HYBRID's n-grams);
         # else by the acceptance threshold
         self.prices_verifies = drafter.costs_nothing or drafter.drafts_without_model
@@ -84,20 +74,5 @@ class RequestDecisions:
             price = max(price, expected_tokens(self.cfg.fallback.threshold, depth))
         return price
 
-    def note_model_free_step(self, req, emitted: int) -> None:
-        """HYBRID: a decode step of `req` its draft model sat out (n-grams alone, or
-        nothing drafted) emitted `emitted` tokens."""
-        n, ema = self.ngram_steps.get(req.rid, (0, 0.0))
-        self.ngram_steps[req.rid] = (n + 1, emitted if n == 0 else 0.5 * ema + 0.5 * emitted)
-
-    def ngrams_carry(self, req) -> bool:
-        """HYBRID: leave the draft model unread for `req` (no catch-up on its prompt): its
-        n-grams have not had NGRAM_TRIES steps yet, or they emit at least what the model's
-        chain would. Reading a 1K prompt costs ~1.5 s of first token on this CPU, wasted
-        where the n-grams quote anyway (docs/decisions.md)."""
-        n, ema = self.ngram_steps.get(req.rid, (0, 0.0))
-        return n < NGRAM_TRIES or ema >= self.model_bar
-
     def forget(self, rid: str) -> None:
         self.controllers.pop(rid, None)
-        self.ngram_steps.pop(rid, None)

@@ -214,11 +214,6 @@ class SpecWorker:
         pays for itself over their remaining tokens (CostModel.catch_up_pays). A request
         left out decodes plainly this step and is asked again the next."""
         lag = [self.draft_kv.backlog(r) for r in cands]
-        if self.drafter.drafts_without_model:  # HYBRID: no read while n-grams carry one
-            unread = [n > TYPICAL_BACKLOG and self.decisions.ngrams_carry(r)
-                      for r, n in zip(cands, lag)]
-            cands = [r for r, u in zip(cands, unread) if not u]
-            lag = [n for n, u in zip(lag, unread) if not u]
         backlog = sum(n for n in lag if n > TYPICAL_BACKLOG)
         if not backlog:
             return cands
@@ -254,9 +249,6 @@ class SpecWorker:
         """One decode-phase step of `req`: `offered` draft positions (tree depth; 0 for a
         plain step), `accepted` of them taken, `emitted` tokens appended."""
         ctl = self.controller(req)
-        if self.drafter.drafts_without_model and not (offered and
-                                                      self.drafter.model_ran_for(req)):
-            self.decisions.note_model_free_step(req, emitted)
         if offered:
             ctl.on_verify(accepted, offered, emitted,
                           self.decisions.price(req, offered, self.proposal.break_even))
@@ -284,10 +276,6 @@ class SpecWorker:
             self.cost_model.observe_prefill(prefill_tokens, self.timer.elapsed(),
                                             self.draft_share)
         cands = [r for r in reqs if self.eligible(r) and self.controller(r).should_speculate()]
-        if (self.drafter.drafts_without_model and self.cost_model is not None
-                and not self.policy.forced):
-            # HYBRID: the n-grams try first; the model reads later if they do not carry it
-            cands = [r for r in cands if not self.decisions.ngrams_carry(r)]
         if not cands:
             return
         if self.cost_model is not None and running and not self.policy.forced:
