@@ -71,7 +71,6 @@ class SpecWorker:
         self.total_verify_ct = 0
         self.total_accepted_tokens = 0  # tokens emitted by decode steps
         self.decisions = RequestDecisions(cfg, self.drafter)  # per request, never shared
-        self.controllers: Dict[str, RequestController] = self.decisions.controllers
         self.cost_model = CostModel(self._candidate_budgets()) if cfg.cost_model else None
         self.default_policy = CostModelBudget(self.cost_model, self.num_draft_tokens)
         self.policy: BudgetPolicy = self.default_policy
@@ -84,7 +83,6 @@ class SpecWorker:
         self.draft_share = (self.draft_kv.num_params / target_params
                             if self.draft_kv.enabled and target_params else 1.0)
         self.grammar_backend = grammar_backend  # masks drafted tokens a grammar forbids
-        self.prices_verifies = self.decisions.prices_verifies
 
     def _candidate_budgets(self) -> List[int]:
         full = self.num_draft_tokens
@@ -109,6 +107,14 @@ class SpecWorker:
 
     def controller(self, req) -> RequestController:
         return self.decisions.controller(req)
+
+    @property
+    def controllers(self) -> Dict[str, RequestController]:
+        return self.decisions.controllers
+
+    @property
+    def prices_verifies(self) -> bool:
+        return self.decisions.prices_verifies
 
     # ------------------------------------------------------------------ the target's features
     def bind_target(self, runner) -> None:

@@ -41,6 +41,8 @@ def verify_tree(req, tree: DraftTree, logits: torch.Tensor, vocab_size: int,
                 grammar_backend, target_ids: Optional[List[int]] = None) -> VerifyResult:
     """The accepted path of one request's tree; target_ids: its greedy argmax per node when
     `greedy_targets` read them already."""
+    if target_ids is None and req.sampling_params.is_greedy and req.grammar is None:
+        target_ids = greedy_targets([(req, tree, logits)], vocab_size)[req.rid]
     if target_ids is not None:
         return verify_greedy(tree, target_ids)
     info = SamplingBatchInfo.from_reqs([req], vocab_size, device=logits.device
@@ -48,8 +50,6 @@ def verify_tree(req, tree: DraftTree, logits: torch.Tensor, vocab_size: int,
     adjusted = apply_logit_adjustments(logits.float(), info)
     if req.grammar is not None:
         return verify_with_grammar(req, tree, adjusted, info, grammar_backend)
-    if req.sampling_params.is_greedy:
-        return verify_greedy(tree, host_sync.to_list(greedy_ids(adjusted), "verify_ids"))
     # the acceptance walk reads many entries: one copy to the host, not one read each
     probs = host_sync.to_cpu(logits_to_probs(adjusted, info), "verify_probs")
     return verify_sampling(tree, probs, req.generator)

@@ -30,8 +30,8 @@ from sglang.srt.speculative.draft_kv import DEFAULT_BUDGET, DraftKV, DraftKVConf
 from sglang.srt.speculative.draft_kv_state import ChunkJob, DraftContext, Piece, QueryRecorder
 from sglang.srt.speculative.drafters.base import (NO_OBSERVER, CatchUpRecord, DraftKVOwner,
                                                   DraftObserver, Drafter)
-from sglang.srt.speculative.tree import DraftTree, select_best
-from sglang.srt.utils import host_sync
+from sglang.srt.speculative.drafters.tree_grow import TreeGrowMixin
+from sglang.srt.speculative.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def draft_pool_size(server_args, max_running: int, max_total_tokens: int, tree_s
     return min(full, 2 * max_running * (budget + tree_slots))
 
 
-class StandaloneDrafter(Drafter, DraftKVOwner):
+class StandaloneDrafter(TreeGrowMixin, Drafter, DraftKVOwner):
     """A small model of the target's tokenizer drafts EAGLE-2-style trees; its KV hangs off
     the radix cache beside the target's (it is its own `draft_kv`)."""
 
@@ -314,78 +314,6 @@ class StandaloneDrafter(Drafter, DraftKVOwner):
             if queries is not None:
                 self.kv.set_query(ctx, queries[k])
         return out
-
-    # ------------------------------------------------------------------ tree
-    def _grow(self, reqs, root_logits: List[torch.Tensor], budgets: List[int],
-              steps: int) -> List[DraftTree]:
-        if not reqs:
-            return []
-        trees = [DraftTree.root_only(r.fill_ids[-1]) for r in reqs]
-        frontier: List[List[int]] = [[0] for _ in reqs]
-        logits = [x.unsqueeze(0) for x in root_logits]  # per request: [len(frontier), vocab]
-        node_slots: List[Dict[int, int]] = [{} for _ in reqs]  # tree node -> draft slot
-        temp_slots: List[torch.Tensor] = []
-        for step in range(steps):
-            # every request's top-k of this level in one read from the device
-            tops = [torch.topk(torch.log_softmax(x.float(), dim=-1), self.topk, dim=-1)
-                    for x in logits]
-            vals = host_sync.to_list(torch.cat([t.values for t in tops]), "draft_topk")
-            ids = host_sync.to_list(self._target_ids(torch.cat([t.indices for t in tops])),
-                                    "draft_topk")
-            row = 0
-            for i, tree in enumerate(trees):
-                children = []
-                for node in frontier[i]:
-                    for lp, tok in zip(vals[row], ids[row]):
-                        children.append(tree.add(tok, node, tree.scores[node] + lp))
-                    row += 1
-                # The next level expands only the best `topk` new nodes (EAGLE-2 beam).
-                children.sort(key=lambda c: -tree.scores[c])
-                frontier[i] = children[: self.topk]
-            if step == steps - 1:
-                break
-            self.observer.on_level(reqs, trees)  # expert loads overlap the next levels
-            logits = self._forward_frontier(reqs, trees, frontier, node_slots, temp_slots)
-        for slots in temp_slots:
-            self.allocator.free(slots)
-        return [select_best(t, b) for t, b in zip(trees, budgets)]
-
-    def _forward_frontier(self, reqs, trees, frontier, node_slots, temp_slots):
-        ids, pos, seq_lens, ext, kv_idx, masks = [], [], [], [], [], []
-        new_slots = self.allocator.alloc(sum(len(f) for f in frontier))
-        temp_slots.append(new_slots)
-        new_host = host_sync.to_list(new_slots, "draft_slots")
-        k = 0
-        for r, tree, front, slots_of in zip(reqs, trees, frontier, node_slots):
-            ctx = self.contexts[r.rid]
-            prefix = self.kv.view(ctx)  # the root's KV is its last computed token
-            root_pos = self.kv.root_position(ctx)
-            for node in front:
-                slots_of[node] = new_host[k]
-                k += 1
-            nodes = sorted(slots_of)  # every tree node with draft KV, frontier included
-            col = {n: j for j, n in enumerate(nodes)}
-            tree_mask = torch.zeros((len(front), len(nodes)), dtype=torch.bool)
-            for q, node in enumerate(front):
-                for a in tree.path_to(node)[1:]:  # the root's KV is in the prefix
-                    tree_mask[q, col[a]] = True
-            masks.append(torch.cat([torch.ones((len(front), len(prefix)), dtype=torch.bool),
-                                    tree_mask], 1))
-            kv_idx.append(torch.cat([prefix, torch.tensor([slots_of[n] for n in nodes])]))
-            ids += [tree.tokens[n] for n in front]
-            pos += [root_pos + tree.depths[n] for n in front]
-            seq_lens.append(len(prefix) + len(nodes))
-            ext.append(len(front))
-        fb = self._batch(reqs, ids, torch.tensor(pos, dtype=torch.int64), seq_lens, ext,
-                         new_slots, list(range(len(ids))), kv_indices=kv_idx, custom_mask=masks)
-        rids = [r.rid for r, front in zip(reqs, frontier) for _ in front]
-        nodes = [(tree, node) for tree, front in zip(trees, frontier) for node in front]
-        out = self._forward_telling(fb, rids, ids, list(range(len(ids))), nodes=nodes)
-        split, start = [], 0
-        for e in ext:
-            split.append(out[start : start + e])
-            start += e
-        return split
 
     def _forward_telling(self, fb: ForwardBatch, rids: List[str], tokens: List[int],
                          rows: List[int], read: Optional[Tuple[List[str], List[int]]] = None,
