@@ -6,8 +6,8 @@ DeepSeek-V2 with MLA; the embedded SmolLM2-135M), it starts
 chain and a STANDALONE tree (speculation forced on every step: the verify path is what is
 checked), and compares each greedy answer with the same prompts on a CPU float32 server:
 float32 must give the same tokens; bf16 (plain and NGRAM) reports its agreement (tokens in
-common before the first difference). Then it times decode tok/s, plain against NGRAM, on SmolLM2 at 1K and
-~7.5K tokens of context (streamed: after the first token). One JSON file.
+common before the first difference). Then it times decode tok/s, plain (decode CUDA graphs on and off) against NGRAM, on
+SmolLM2 at 1K and ~7.5K tokens of context (streamed: after the first token). One JSON file.
 
     python scripts/gpu_check_server.py [--json PATH] [--cpu-smoke]
 
@@ -108,6 +108,7 @@ def check_model(name: str, spec: Dict, device: str, dtypes: List[str]) -> List[D
                     # device-to-host reads per decode step, by site (utils/host_sync.py)
                     state = srv.get("/server_info").json()["internal_states"][0]
                     row["host_syncs"] = state["host_syncs"]["per_decode_step"]
+                    row["cuda_graph"] = _graph_summary(state)
                 finally:
                     srv.stop()
                 row["agree_prefix"] = [agreement(g, w) for g, w in zip(got, want)]
@@ -148,15 +149,25 @@ def decode_rate(srv: ServerProcess, text: str, n: int) -> Dict:
             "prompt_tokens": meta["prompt_tokens"]}
 
 
+def _graph_summary(state: Dict) -> Dict:
+    """Whether decode replayed CUDA graphs (/server_info's cuda_graph), in brief."""
+    g = state.get("cuda_graph", {})
+    return {k: g[k] for k in ("enabled", "why_off", "replays", "eager", "capture_seconds",
+                              "memory_bytes") if k in g}
+
+
+TIMED = {"plain": [], "plain, no CUDA graphs": ["--disable-cuda-graph"],
+         "NGRAM": ["--speculative-algorithm", "NGRAM"]}
+
+
 def timings(device: str) -> List[Dict]:
-    """SmolLM2 bf16: plain against NGRAM at ~1K and ~7.5K tokens of context (its window is
-    8K), 128 new tokens."""
+    """SmolLM2 bf16: plain (with and without decode graphs) against NGRAM at ~1K and ~7.5K
+    tokens of context (its window is 8K), 128 new tokens."""
     from sglang.srt.server_args import default_model_path
 
     model = default_model_path()
     out = []
-    for config in ("plain", "NGRAM"):
-        extra = [] if config == "plain" else ["--speculative-algorithm", "NGRAM"]
+    for config, extra in TIMED.items():
         try:
             srv = ServerProcess(model, ["--device", device, *extra], dtype="bfloat16")
         except Exception as e:  # reported, as check_model does
@@ -171,6 +182,7 @@ def timings(device: str) -> List[Dict]:
                     # the step's device-to-host reads per decode step, by site (host_sync.py)
                     state = srv.get("/server_info").json()["internal_states"][0]
                     got["host_syncs_per_decode_step"] = state["host_syncs"]["per_decode_step"]
+                    got["cuda_graph"] = _graph_summary(state)
                 except Exception as e:
                     got = {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}
                 out.append({"config": config, "context": ctx, **got})

@@ -31,3 +31,7 @@ def test_gpu_check_server_smoke_passes_on_cpu(tmp_path):
     # one read of the batch's tokens per plain greedy decode step, in a real server process
     assert syncs[("llama", "plain")] == {"next_token_ids": 1.0}
     assert syncs[("llama", "STANDALONE tree")].get("draft_topk", 0) > 0
+    # /server_info says whether decode replayed CUDA graphs, and why not here
+    graph = {(r["model"], r["config"]): r["cuda_graph"] for r in result["rows"]}
+    assert graph[("llama", "plain")]["enabled"] is False
+    assert "cpu" in graph[("llama", "plain")]["why_off"]

@@ -152,6 +152,12 @@ class ServerArgs:
     dp_size: int = 1
     base_gpu_id: int = 0
     num_threads: Optional[int] = None
+    # CUDA graphs (model_executor/cuda_graph_runner.py): decode batches up to the largest
+    # captured size replay a graph on CUDA; None = upstream's list up to min(256, running).
+    cuda_graph_max_bs: Optional[int] = None
+    cuda_graph_bs: Optional[List[int]] = None  # explicit sizes to capture
+    disable_cuda_graph: bool = False
+    disable_cuda_graph_padding: bool = False  # replay only batches of a captured size
 
     # Speculative decoding (the algorithms arrive with the speculative work)
     speculative_algorithm: Optional[str] = None
@@ -274,6 +280,12 @@ class ServerArgs:
                              f"calibration), got {self.speculative_calibrate_seconds}")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be at least 1")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            raise ValueError(f"--cuda-graph-max-bs must be at least 1, got {self.cuda_graph_max_bs}")
+        if self.cuda_graph_bs is not None and (not self.cuda_graph_bs
+                                               or min(self.cuda_graph_bs) < 1):
+            raise ValueError("--cuda-graph-bs takes batch sizes of at least 1, e.g. "
+                             f"--cuda-graph-bs 1 2 4 8; got {self.cuda_graph_bs}")
         check_moe_flags(self)
 
     def _warn_ignored(self) -> None:
@@ -306,6 +318,10 @@ class ServerArgs:
             default = field.default
             if field.type in ("bool", bool):
                 parser.add_argument(*names, dest=field.name, action="store_true", default=default)
+                continue
+            if "List[" in str(field.type):  # upstream's lists: --cuda-graph-bs 1 2 4 8
+                parser.add_argument(*names, dest=field.name, nargs="+",
+                                    type=_arg_type(field.type), default=default)
                 continue
             parser.add_argument(*names, dest=field.name, type=_arg_type(field.type), default=default)
 

@@ -36,12 +36,15 @@ def gather_kv_indices(
     kv_indptr: torch.Tensor,  # [B + 1] int64, cumulative seq_lens
     total: int,  # kv_indptr[-1], known on the host
     max_len: Optional[int] = None,  # host-side max seq_len
-) -> torch.Tensor:  # [total] int64
+    out: Optional[torch.Tensor] = None,  # int64, >= total entries: written in [:total]
+) -> torch.Tensor:  # [total] int64 (`out` itself when given: a graph's static buffer)
     """Concatenate req_to_token[rows[b], :seq_len_b] for b in order. Contract:
     torch.cat([req_to_token[r, :n] for r, n in zip(rows, seq_lens)])."""
     check_launchable(_gather_rows_kernel, req_to_token)
     assert req_to_token.stride(1) == 1, "req_to_token rows must be contiguous"
-    out = torch.empty(total, dtype=torch.int64, device=req_to_token.device)
+    if out is None:
+        out = torch.empty(total, dtype=torch.int64, device=req_to_token.device)
+    assert out.dtype == torch.int64 and out.numel() >= total, "out: int64, >= total entries"
     bsz = req_pool_indices.numel()
     if total == 0 or bsz == 0:
         return out

@@ -19,12 +19,8 @@ from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler_process import scheduler_info
 from sglang.srt.mem_cache.memory_pool import TokenSlotAllocator
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.utils import host_sync
 from sglang.test.scheduler_driver import greedy, make_scheduler
-
-READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy",
-         # shapes that depend on values: a GPU waits to learn them
-         "nonzero", "unique", "unique_consecutive", "masked_select"}
-
 
 # Reads of host tensors by design: the CPU attention backend's slot runs (CUDA's default is
 # triton) and the uniform a sampled row draws on its CPU generator
@@ -42,8 +38,7 @@ class RawReads(TorchFunctionMode):
         self.counts: "collections.Counter[tuple]" = collections.Counter()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in READS or (name in ("__getitem__", "__setitem__") and _bool_index(args)):
+        if host_sync.is_read(func, args):
             caller = traceback.extract_stack(limit=2)[0]
             self.counts[(os.path.basename(caller.filename), caller.name)] += 1
         return func(*args, **(kwargs or {}))
@@ -52,11 +47,6 @@ class RawReads(TorchFunctionMode):
         """Reads neither through host_sync nor host-side by design."""
         return {k: n for k, n in self.counts.items()
                 if k[0] != "host_sync.py" and k not in HOST_SIDE}
-
-
-def _bool_index(args) -> bool:
-    index = args[1] if len(args) > 1 else None
-    return isinstance(index, torch.Tensor) and index.dtype == torch.bool
 
 
 def _add(sched, rid: str, prompt, params) -> None:

@@ -185,6 +185,7 @@ def scheduler_info(scheduler, every_rank: bool = False) -> dict:
         "tp_size": scheduler.server_args.tp_size,
         # device-to-host reads per step by call site (utils/host_sync.py)
         "host_syncs": scheduler.sync_stats.to_dict(),
+        "cuda_graph": scheduler.runner.graph_info(),  # decode graphs: sizes, replays
     }
     if every_rank and scheduler.server_args.tp_size > 1:
         from sglang.srt.distributed.parallel_state import gather_objects

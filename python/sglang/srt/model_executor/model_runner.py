@@ -23,6 +23,8 @@ from sglang.srt.expert_offload.store import ExpertStore
 from sglang.srt.mem_cache.memory_pool import TokenSlotAllocator
 from sglang.srt.distributed.parallel_state import kv_heads_per_rank, min_over_ranks, tp_group
 from sglang.srt.mem_cache.mla_pool import create_kv_pool, kv_bytes_per_token  # MLA-aware
+from sglang.srt.model_executor.cuda_graph_runner import (CudaGraph, GraphConfig, GraphRunner,
+                                                         why_not_graphable)
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.server_args import ServerArgs
 
@@ -76,7 +78,8 @@ def device_memory(device: str) -> Tuple[int, int]:
 class ModelRunner:
     def __init__(self, server_args: ServerArgs, model_path: Optional[str] = None,
                  max_context_len: Optional[int] = None, max_total_tokens: Optional[int] = None,
-                 max_running_requests: int = 256, architecture: Optional[str] = None) -> None:
+                 max_running_requests: int = 256, architecture: Optional[str] = None,
+                 graphs: bool = True) -> None:
         from sglang.srt.model_loader.loader import load_model
 
         self.server_args = server_args
@@ -118,6 +121,32 @@ class ModelRunner:
         self.attn_backend = create_attention_backend(server_args.attention_backend)
         logger.info("Loaded %s (%s) in %.1fs; KV pool %d tokens", self.model_path, self.dtype,
                     self.load_seconds, self.max_total_num_tokens)
+        # decode batches replay CUDA graphs where the model and backend allow (the target's
+        # runner; `graphs=False`: a draft model's, whose forwards are trees and views)
+        self.graph_runner: Optional[GraphRunner] = None
+        self.graph_config = (GraphConfig.from_server_args(server_args, self.device,
+                                                          max_running_requests)
+                             if graphs else GraphConfig(why_off="a draft model's runner"))
+        if self.graph_config.enabled:
+            self.attach_graphs(self.graph_config)
+
+    def attach_graphs(self, config: GraphConfig, graph_factory=CudaGraph) -> None:
+        """Capture decode graphs for `config`'s batch sizes (CPU tests pass EagerGraph);
+        where this model cannot be captured, say why and run eagerly."""
+        why = why_not_graphable(self)
+        if why is not None:
+            logger.info("CUDA graphs off: %s", why)
+            self.graph_config = GraphConfig(why_off=why)
+            return
+        self.graph_config = config
+        self.graph_runner = GraphRunner(self, config, self.context_len, graph_factory)
+        self.graph_runner.capture()
+
+    def graph_info(self) -> dict:
+        """What /server_info shows of the decode graphs."""
+        if self.graph_runner is None:
+            return {"enabled": False, "why_off": self.graph_config.why_off}
+        return self.graph_runner.info()
 
     def _profile_max_tokens(self, max_running_requests: int) -> int:
         if self.server_args.max_total_tokens:
@@ -135,5 +164,7 @@ class ModelRunner:
         and returns its own output beside them, `model_inputs`)."""
         fb.attn_backend = self.attn_backend
         fb.token_to_kv_pool = self.kv_pool
+        if self.graph_runner is not None and self.graph_runner.can_run(fb, model_inputs):
+            return self.graph_runner.replay(fb)
         self.attn_backend.init_forward_metadata(fb)
         return self.model(fb.input_ids, fb.positions, fb, **model_inputs)

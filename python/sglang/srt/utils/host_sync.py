@@ -10,10 +10,14 @@ resets the count at each step and keeps it (`SyncStats`; /server_info shows it).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
-from typing import Dict
+import os
+import sys
+from typing import Dict, Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _counts: "collections.Counter[str]" = collections.Counter()
 
@@ -42,6 +46,55 @@ def to_cpu(t: torch.Tensor, site: str) -> torch.Tensor:
     """One copy of a whole tensor, when the host walks many of its entries."""
     _counts[site] += 1
     return t.cpu()
+
+
+# torch functions that read a tensor's values on the host (a GPU waits for its queue), or
+# whose output shape depends on values (a GPU waits to learn it)
+READ_FUNCS = frozenset({"tolist", "item", "__bool__", "__int__", "__float__", "__index__",
+                        "cpu", "numpy", "nonzero", "unique", "unique_consecutive",
+                        "masked_select"})
+
+
+def is_read(func, args) -> bool:
+    """Whether a torch call reads device values on the host (boolean-mask indexing too)."""
+    name = getattr(func, "__name__", "")
+    if name in READ_FUNCS:
+        return True
+    if name in ("__getitem__", "__setitem__") and len(args) > 1:
+        index = args[1]
+        return isinstance(index, torch.Tensor) and index.dtype == torch.bool
+    return False
+
+
+class _ForbidReads(TorchFunctionMode):
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if is_read(func, args) and not _inside_triton():
+            raise RuntimeError(f"{getattr(func, '__name__', func)} reads a device value on the "
+                               f"host inside {self.what}, which cannot hold one")
+        return func(*args, **(kwargs or {}))
+
+
+def _inside_triton() -> bool:
+    """Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) reads its arguments on the
+    host by design; a compiled kernel does not."""
+    frame, mark = sys._getframe(2), os.sep + "triton" + os.sep
+    while frame is not None:
+        if mark in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def forbid_reads(what: str) -> Iterator[None]:
+    """Raise on any host read of a tensor's values inside the block (a CUDA graph's
+    capture fails on one; `model_executor/cuda_graph_runner.EagerGraph` checks it on CPU)."""
+    with _ForbidReads(what):
+        yield
 
 
 def take() -> Dict[str, int]:

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 
 class AttentionBackend(ABC):
+    # Whether decode batches may replay CUDA graphs on this backend (the graph hooks
+    # init_graph_state / init_forward_metadata_capture / _replay / graph_can_run).
+    supports_graphs = False
+
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         """Precompute per-batch metadata once, before the layers run."""
 

@@ -66,7 +66,7 @@ class StandaloneDrafter(TreeGrowMixin, Drafter, DraftKVOwner):
             self.runner = ModelRunner(server_args,
                                       model_path=server_args.speculative_draft_model_path,
                                       max_context_len=context_len, max_total_tokens=pool,
-                                      architecture=self.draft_architecture)
+                                      architecture=self.draft_architecture, graphs=False)
         self.allocator = self.runner.allocator
         if server_args.speculative_token_map:
             self._use_token_map(server_args.speculative_token_map)
