@@ -33,13 +33,17 @@ from sglang.test.scheduler_driver import greedy, make_scheduler, run  # noqa: E4
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="on a GPU, scripts/gpu_check.sh runs real graphs")
 
-# different lengths, so the batch shrinks 3 -> 2 -> 1 (sizes 3 pad to 4; 2 and 1 exact)
-PROMPTS = [[5, 17, 99, 300, 17, 99, 300, 17, 99], [7, 8], list(range(100, 131))]
+# different lengths, so the batch shrinks 3 -> 2 -> 1 (sizes 3 pad to 4; 2 and 1 exact);
+# the tiny model answers the first by repeating one token: n-grams draft it
+PROMPTS = [[3] * 8, [7, 8], list(range(100, 131))]
 PARAMS = [greedy(9), greedy(4), greedy(6)]
 
 
 def _graphs(sched, sizes=(1, 2, 4), padding=True):
-    sched.runner.attach_graphs(GraphConfig(batch_sizes=sizes, padding=padding), EagerGraph)
+    """Graphs as a CUDA server captures them: decode, and a speculative server's verifies."""
+    verify = sched.spec.max_tree_nodes if sched.spec and not sched.spec.capture_layers else 0
+    sched.runner.attach_graphs(GraphConfig(batch_sizes=sizes, padding=padding), EagerGraph,
+                               verify_tokens=verify)
     return sched.runner.graph_runner
 
 
@@ -70,19 +74,28 @@ def test_flags_parse_as_upstream_and_pick_the_batch_sizes():
 
 @pytest.mark.parametrize("spec", [
     {}, {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4},
-], ids=["plain", "ngram"])
-def test_decode_graphs_give_the_eager_tokens(tiny_llama_dir, reference, spec):
+    {"speculative_algorithm": "STANDALONE", "speculative_num_steps": 2,
+     "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 4},
+    {"speculative_algorithm": "STANDALONE", "speculative_num_steps": 3,
+     "speculative_eagle_topk": 1},
+], ids=["plain", "ngram", "standalone-tree", "standalone-chain"])
+def test_decode_and_verify_graphs_give_the_eager_tokens(tiny_llama_dir, reference, spec):
+    if spec.get("speculative_algorithm") == "STANDALONE":
+        spec = {**spec, "speculative_draft_model_path": tiny_llama_dir}
     sched = make_scheduler(tiny_llama_dir, attention_backend="triton", **spec)
     graphs = _graphs(sched)
     got = run(sched, PROMPTS, PARAMS)
     for rid, (ids, _) in reference.items():
         assert got[rid][0] == ids, f"request {rid}"
     stats = graphs.stats
-    assert stats.replays > 0
-    if not spec:  # the 3-request steps padded to 4 (NGRAM's verifies run eagerly)
-        assert stats.padded_rows > 0
+    assert stats.padded_rows > 0  # 3 requests padded to 4 (and trees to the node budget)
     info = scheduler_info(sched)["cuda_graph"]
-    assert info["enabled"] and info["batch_sizes"] == [1, 2, 4] and info["replays"] > 0
+    assert info["enabled"] and info["batch_sizes"] == [1, 2, 4]
+    if spec:  # every step verifies a tree (speculation forced on), through a graph
+        assert info["verify_tokens"] == sched.spec.max_tree_nodes
+        assert stats.verify_replays > 0 and stats.eager == 0
+    else:
+        assert stats.replays > 0 and info["verify_tokens"] == 0
     sched.check_all_free()
 
 

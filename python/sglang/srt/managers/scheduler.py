@@ -64,6 +64,8 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
                                    target_params=_num_params(self.runner.model),
                                    grammar_backend=self.grammar_backend)
             self.spec.bind_target(self.runner)
+            if not self.spec.capture_layers:  # an EAGLE-3 head's verifies capture features
+                self.runner.capture_verify_graphs(self.spec.max_tree_nodes)
         tree_room = self.spec.max_tree_nodes if self.spec else 0
         self.req_to_token_pool = ReqToTokenPool(self.max_running, self.context_len + tree_room + 8,
                                                 device=self.runner.device)

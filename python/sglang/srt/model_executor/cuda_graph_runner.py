@@ -129,14 +129,29 @@ class EagerGraph:
 @dataclasses.dataclass
 class GraphStats:
     replays: int = 0  # decode forwards that replayed a graph
-    eager: int = 0  # decode forwards that ran eagerly (too large, or not graphable)
+    verify_replays: int = 0  # tree verifies that replayed a graph
+    eager: int = 0  # decode / verify forwards that ran eagerly (too large, not graphable)
     padded_rows: int = 0
     capture_seconds: float = 0.0
     memory_bytes: int = 0  # device memory the captures took (CUDA)
 
 
+@dataclasses.dataclass
+class _Family:
+    """Graphs of one shape of batch: `tokens` rows per request (1: decode; a verify's tree
+    node budget), one graph per batch size, and the static inputs they read."""
+
+    mode: ForwardMode
+    tokens: int
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    graphs: Dict[int, object] = dataclasses.field(default_factory=dict)
+    outputs: Dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+
 class GraphRunner:
-    """Captured decode graphs of one ModelRunner and the static buffers they read."""
+    """Captured decode (and tree verify) graphs of one ModelRunner, and their buffers."""
 
     def __init__(self, runner: "ModelRunner", config: GraphConfig, max_kv_len: int,
                  graph_factory: Callable[[], object] = CudaGraph) -> None:
@@ -145,54 +160,67 @@ class GraphRunner:
         self.sizes = sorted(config.batch_sizes)
         self.max_kv_len = max_kv_len
         self.factory = graph_factory
-        dev, max_bs = runner.device, self.sizes[-1]
-        zeros = lambda: torch.zeros(max_bs, dtype=torch.int64, device=dev)  # noqa: E731
-        self.input_ids, self.positions, self.out_cache_loc = zeros(), zeros(), zeros()
-        self.req_pool_indices, self.seq_lens = zeros(), zeros()
-        # the longest decode batch the buffers hold: every row at the longest context
-        self.kv_capacity = max_bs * max_kv_len
-        runner.attn_backend.init_graph_state(max_bs, self.kv_capacity, dev)
-        self.graphs: Dict[int, object] = {}
-        self.outputs: Dict[int, torch.Tensor] = {}
+        self.families: Dict[ForwardMode, _Family] = {}
+        self.pool = None  # one memory pool for every graph (captured largest first)
         self.stats = GraphStats()
 
-    def _static_batch(self, bs: int) -> ForwardBatch:
-        r = self.runner
+    def _family(self, mode: ForwardMode, tokens: int) -> _Family:
+        dev, rows = self.runner.device, self.sizes[-1] * tokens
+        zeros = lambda: torch.zeros(rows, dtype=torch.int64, device=dev)  # noqa: E731
+        fam = _Family(mode, tokens, zeros(), zeros(), zeros())
+        # the longest batch the slot lists hold: every request at the longest context
+        self.runner.attn_backend.init_graph_state(
+            tokens, self.sizes[-1], self.sizes[-1] * (self.max_kv_len + tokens), dev)
+        self.families[mode] = fam
+        return fam
+
+    def _static_batch(self, fam: _Family, bs: int) -> ForwardBatch:
+        r, t = self.runner, fam.tokens
+        rows = bs * t
+        ones = torch.full((bs,), t, dtype=torch.int64, device=r.device)
         return ForwardBatch(
-            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.input_ids[:bs],
-            positions=self.positions[:bs], req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs], extend_seq_lens=torch.ones_like(self.seq_lens[:bs]),
-            out_cache_loc=self.out_cache_loc[:bs], req_to_token_pool=None,
-            token_to_kv_pool=r.kv_pool, attn_backend=r.attn_backend,
-            seq_lens_cpu=[1] * bs, extend_seq_lens_cpu=[1] * bs,
-            req_pool_indices_cpu=[0] * bs)
+            forward_mode=fam.mode, batch_size=bs, input_ids=fam.input_ids[:rows],
+            positions=fam.positions[:rows], req_pool_indices=torch.zeros_like(ones),
+            seq_lens=ones, extend_seq_lens=ones, out_cache_loc=fam.out_cache_loc[:rows],
+            req_to_token_pool=None, token_to_kv_pool=r.kv_pool, attn_backend=r.attn_backend,
+            seq_lens_cpu=[t] * bs, extend_seq_lens_cpu=[t] * bs, req_pool_indices_cpu=[0] * bs)
+
+    def capture(self, verify_tokens: int = 0) -> None:
+        """Decode graphs; with `verify_tokens` > 1 also graphs of tree verifies of that
+        many nodes a request (a speculative server's)."""
+        self._capture(self._family(ForwardMode.DECODE, 1))
+        if verify_tokens > 1:
+            self.capture_verify(verify_tokens)
+
+    def capture_verify(self, tokens: int) -> None:
+        self._capture(self._family(ForwardMode.TARGET_VERIFY, tokens))
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """One graph per batch size, largest first (the rest reuse its memory pool)."""
+    def _capture(self, fam: _Family) -> None:
         t0 = time.perf_counter()
-        cuda = str(self.runner.device).startswith("cuda")
-        before = torch.cuda.memory_allocated(self.runner.device) if cuda else 0
-        pool = None
+        dev = self.runner.device
+        cuda = str(dev).startswith("cuda")
+        before = torch.cuda.memory_allocated(dev) if cuda else 0
         backend, kvh = self.runner.attn_backend, self.runner.kv_pool.num_kv_heads
         for bs in reversed(self.sizes):
-            fb = self._static_batch(bs)
-            backend.init_forward_metadata_capture(bs, kvh, self.max_kv_len, self.runner.device)
+            fb = self._static_batch(fam, bs)
+            backend.init_forward_metadata_capture(bs, fam.tokens, kvh, self.max_kv_len)
             fn = (lambda fb=fb: self.runner.model(fb.input_ids, fb.positions, fb))
             for _ in range(2):  # warm-up outside the capture: autotuning, lazy allocations
                 fn()
             if cuda:
-                torch.cuda.synchronize(self.runner.device)
+                torch.cuda.synchronize(dev)
             graph = self.factory()
-            self.outputs[bs] = graph.capture(fn, pool)
-            pool = graph.pool()
-            self.graphs[bs] = graph
+            fam.outputs[bs] = graph.capture(fn, self.pool)
+            self.pool = graph.pool()
+            fam.graphs[bs] = graph
         if cuda:
-            torch.cuda.synchronize(self.runner.device)
-            self.stats.memory_bytes = torch.cuda.memory_allocated(self.runner.device) - before
-        self.stats.capture_seconds = time.perf_counter() - t0
-        logger.info("Captured CUDA graphs for decode batch sizes %s in %.1fs", self.sizes,
-                    self.stats.capture_seconds)
+            torch.cuda.synchronize(dev)
+            self.stats.memory_bytes += torch.cuda.memory_allocated(dev) - before
+        seconds = time.perf_counter() - t0
+        self.stats.capture_seconds += seconds
+        logger.info("Captured CUDA graphs for %s batches of sizes %s (%d rows a request) in "
+                    "%.1fs", fam.mode.name, self.sizes, fam.tokens, seconds)
 
     def _bucket(self, n: int) -> Optional[int]:
         i = bisect.bisect_left(self.sizes, n)
@@ -202,37 +230,60 @@ class GraphRunner:
         return bs if bs == n or self.config.padding else None
 
     def can_run(self, fb: ForwardBatch, model_inputs: dict) -> bool:
-        """Whether `fb` replays a graph (one decode token per request, nothing a graph
-        cannot carry); counts the decode batches that cannot."""
-        if fb.forward_mode != ForwardMode.DECODE:
+        """Whether `fb` replays a graph (a decode, or a verify of trees within the captured
+        node budget, and nothing a graph cannot carry); counts those that cannot."""
+        fam = self.families.get(fb.forward_mode)
+        if fam is None:
+            if fb.forward_mode == ForwardMode.TARGET_VERIFY:
+                self.stats.eager += 1
             return False
+        lens = fb.seq_lens_cpu
         ok = (not model_inputs and fb.capture_layers is None and fb.residual_hook is None
-              and len(fb.seq_lens_cpu) == fb.batch_size
+              and len(lens) == fb.batch_size
               and self._bucket(fb.batch_size) is not None
-              and sum(fb.seq_lens_cpu) <= self.kv_capacity
-              and max(fb.seq_lens_cpu, default=0) <= self.max_kv_len
-              and self.runner.attn_backend.graph_can_run(fb))
+              and sum(lens) + fam.tokens * fb.batch_size <= self.sizes[-1] * (
+                  self.max_kv_len + fam.tokens)
+              and max(lens, default=0) <= self.max_kv_len
+              and self.runner.attn_backend.graph_can_run(fb, fam.tokens))
         if not ok:
             self.stats.eager += 1
         return ok
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """`fb`'s logits (rows `fb.logits_indices`, as the eager forward returns them)."""
-        n = fb.batch_size
+        fam = self.families[fb.forward_mode]
+        n, t = fb.batch_size, fam.tokens
         bs = self._bucket(n)
-        for buf, src in ((self.input_ids, fb.input_ids), (self.positions, fb.positions),
-                         (self.out_cache_loc, fb.out_cache_loc)):
-            buf[:n].copy_(src)
-            buf[n:bs].zero_()  # padding rows: token 0 at position 0, K/V into slot 0
-        self.runner.attn_backend.init_forward_metadata_replay(fb, bs)
-        self.graphs[bs].replay()
-        self.stats.replays += 1
-        self.stats.padded_rows += bs - n
-        logits = self.outputs[bs]
-        rows = fb.logits_indices
-        # a copy either way: the static output is overwritten by the next replay
-        return logits[rows] if rows is not None else logits[:n].clone()
+        rows = None  # where each of fb's tokens sits among the graph's rows
+        if t > 1:
+            dst = [i * t + j for i, e in enumerate(fb.extend_seq_lens_cpu) for j in range(e)]
+            rows = torch.tensor(dst, dtype=torch.int64).to(self.runner.device)
+        for buf, src in ((fam.input_ids, fb.input_ids), (fam.positions, fb.positions),
+                         (fam.out_cache_loc, fb.out_cache_loc)):
+            if rows is None:
+                buf[:n].copy_(src)
+                buf[n:bs].zero_()  # padding rows: token 0 at position 0, K/V into slot 0
+            else:
+                buf[: bs * t].zero_()
+                buf.index_copy_(0, rows, src)
+        self.runner.attn_backend.init_forward_metadata_replay(fb, bs, t)
+        fam.graphs[bs].replay()
+        if t > 1:
+            self.stats.verify_replays += 1
+        else:
+            self.stats.replays += 1
+        self.stats.padded_rows += bs * t - fb.num_tokens
+        logits = fam.outputs[bs]
+        if rows is None:
+            rows = fb.logits_indices
+            # a copy either way: the static output is overwritten by the next replay
+            return logits[rows] if rows is not None else logits[:n].clone()
+        if fb.logits_indices is not None:
+            rows = rows[fb.logits_indices]
+        return logits[rows]
 
     def info(self) -> dict:
+        verify = self.families.get(ForwardMode.TARGET_VERIFY)
         return {"enabled": True, "batch_sizes": self.sizes, "padding": self.config.padding,
+                "verify_tokens": verify.tokens if verify else 0,
                 **dataclasses.asdict(self.stats)}

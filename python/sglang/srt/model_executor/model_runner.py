@@ -130,9 +130,11 @@ class ModelRunner:
         if self.graph_config.enabled:
             self.attach_graphs(self.graph_config)
 
-    def attach_graphs(self, config: GraphConfig, graph_factory=CudaGraph) -> None:
-        """Capture decode graphs for `config`'s batch sizes (CPU tests pass EagerGraph);
-        where this model cannot be captured, say why and run eagerly."""
+    def attach_graphs(self, config: GraphConfig, graph_factory=CudaGraph,
+                      verify_tokens: int = 0) -> None:
+        """Capture decode graphs for `config`'s batch sizes (and tree verifies of up to
+        `verify_tokens` nodes a request; CPU tests pass EagerGraph); where this model cannot
+        be captured, say why and run eagerly."""
         why = why_not_graphable(self)
         if why is not None:
             logger.info("CUDA graphs off: %s", why)
@@ -140,7 +142,13 @@ class ModelRunner:
             return
         self.graph_config = config
         self.graph_runner = GraphRunner(self, config, self.context_len, graph_factory)
-        self.graph_runner.capture()
+        self.graph_runner.capture(verify_tokens)
+
+    def capture_verify_graphs(self, tokens: int) -> None:
+        """A speculative server's tree verifies of up to `tokens` nodes a request replay
+        graphs too (where decode does)."""
+        if self.graph_runner is not None and tokens > 1:
+            self.graph_runner.capture_verify(tokens)
 
     def graph_info(self) -> dict:
         """What /server_info shows of the decode graphs."""

@@ -77,7 +77,7 @@ def _indptr(lengths, device: torch.device) -> torch.Tensor:
 
 
 class TritonAttnBackend(AttentionBackend):
-    supports_graphs = True  # decode batches (model_executor/cuda_graph_runner.py)
+    supports_graphs = True  # decode and verify batches (model_executor/cuda_graph_runner.py)
 
     def __init__(self) -> None:
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
@@ -87,7 +87,7 @@ class TritonAttnBackend(AttentionBackend):
                 "use --attention-backend torch_native")
         self.kernels = _import_kernels()
         self.meta: Optional[TritonMetadata] = None
-        self._graph_meta: dict = {}  # captured batch size -> its metadata on static buffers
+        self._graphs: dict = {}  # rows per request -> GraphMetadata (triton_graph.py)
 
     def init_forward_metadata(self, fb: "ForwardBatch") -> None:
         k_buf, _ = fb.token_to_kv_pool.get_kv(0)
@@ -141,44 +141,30 @@ class TritonAttnBackend(AttentionBackend):
                 max_extend_len=meta.max_extend_len)
         return out.view(-1, layer.num_heads * vd)
 
-    # ---- CUDA graphs: decode metadata in static buffers, filled outside the graph ----------
+    # ---- CUDA graphs: metadata in static buffers, filled outside the graph (triton_graph.py)
 
-    def init_graph_state(self, max_bs: int, max_kv_tokens: int, device) -> None:
-        """Buffers every captured decode graph reads its slot lists from."""
-        self._g_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int64, device=device)
-        self._g_kv_indices = torch.zeros(max_kv_tokens, dtype=torch.int64, device=device)
-        self._g_qo_indptr = torch.arange(max_bs + 1, dtype=torch.int64, device=device)
-        self._graph_meta = {}
+    def init_graph_state(self, tokens: int, max_bs: int, max_kv_tokens: int, device) -> None:
+        """Buffers of the graph family with `tokens` rows per request (1: decode)."""
+        from sglang.srt.layers.attention.triton_graph import GraphMetadata
 
-    def init_forward_metadata_capture(self, bs: int, num_kv_heads: int, max_kv_len: int,
-                                      device) -> None:
-        """Decode metadata of a `bs`-row graph: its split count fixed for the longest list
-        (short lists leave splits empty); for the capture itself each row reads slot 0."""
-        self._g_kv_indptr[: bs + 1].copy_(self._g_qo_indptr[: bs + 1])
-        self._g_kv_indices[:bs].zero_()
-        self.meta = self._graph_meta[bs] = TritonMetadata(
-            use_decode=True, qo_indptr=self._g_qo_indptr[: bs + 1],
-            kv_indptr=self._g_kv_indptr[: bs + 1], kv_indices=self._g_kv_indices,
-            max_extend_len=1, num_kv_splits=self.kernels.default_num_kv_splits(
-                bs, num_kv_heads, max_kv_len, torch.device(device)))
+        self._graphs[tokens] = GraphMetadata(self.kernels, tokens, max_bs, max_kv_tokens, device)
 
-    def init_forward_metadata_replay(self, fb: "ForwardBatch", bs: int) -> None:
-        """Fill the static buffers for `fb` (its rows first, padding rows read nothing),
-        on the device and without a host read."""
-        n = fb.batch_size
-        indptr = self._g_kv_indptr
-        lens = fb.seq_lens_cpu
-        torch.cumsum(fb.seq_lens, 0, out=indptr[1 : n + 1])
-        indptr[n + 1 : bs + 1] = indptr[n]  # padding rows: empty lists (zeros out)
-        self.kernels.gather_kv_indices(
-            fb.req_to_token_pool.req_to_token, fb.req_pool_indices, indptr[: n + 1], sum(lens),
-            max(lens, default=0), out=self._g_kv_indices)
-        self.meta = self._graph_meta[bs]
+    def init_forward_metadata_capture(self, bs: int, tokens: int, num_kv_heads: int,
+                                      max_kv_len: int) -> None:
+        self.meta = self._graphs[tokens].capture(bs, num_kv_heads, max_kv_len)
 
-    def graph_can_run(self, fb: "ForwardBatch") -> bool:
-        """A batch the decode graphs compute: one token per request under the causal mask,
-        over whole req_to_token rows kept on the pool's device."""
+    def init_forward_metadata_replay(self, fb: "ForwardBatch", bs: int, tokens: int) -> None:
+        self.meta = self._graphs[tokens].fill(fb, bs)
+
+    def graph_can_run(self, fb: "ForwardBatch", tokens: int) -> bool:
+        """Whether the `tokens` family computes `fb`: whole req_to_token rows kept on the
+        pool's device; decode: one token a request, causal; verify: trees of at most
+        `tokens` nodes, or single tokens, beside each other."""
         table = fb.req_to_token_pool.req_to_token
-        return (fb.kv_indices is None and fb.custom_mask is None
-                and all(e == 1 for e in fb.extend_seq_lens_cpu)
-                and table.device == fb.token_to_kv_pool.get_kv(0)[0].device)
+        if fb.kv_indices is not None or table.device != fb.token_to_kv_pool.get_kv(0)[0].device:
+            return False
+        ext = fb.extend_seq_lens_cpu
+        if tokens == 1:
+            return fb.custom_mask is None and all(e == 1 for e in ext)
+        masks = fb.custom_mask or [None] * len(ext)
+        return all(e <= tokens and (m is not None or e == 1) for m, e in zip(masks, ext))
