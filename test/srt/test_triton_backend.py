@@ -156,3 +156,30 @@ def test_engine_greedy_equals_torch_native(tiny_llama_dir, reference, spec) -> N
     for rid, (ids, _) in reference.items():
         assert got[rid][0] == ids, f"request {rid}"
     sched.check_all_free()
+
+
+def test_tree_masks_with_known_tails_pack_on_the_device(setup) -> None:
+    """A verify's masks with their tails given (`custom_mask_tails`, as the batch builder
+    and the draft's tree levels give them) pack without a host read of the masks and
+    attend as the tails found on the host do."""
+    from sglang.srt.utils import host_sync
+
+    g, pool, table = setup
+    tree = DraftTree.root_only(5)
+    for parent in (0, 0, 1, 2):
+        tree.add(7, parent, -1.0)
+    reqs = [(12, len(tree), tree.attention_mask(12), None), (20, 1, None, None),
+            (3, len(tree), tree.attention_mask(3), None)]
+    fb = _batch(g, reqs, ForwardMode.TARGET_VERIFY, pool, table)
+    _compare(fb, g)  # tails found on the host
+    fb = dataclasses.replace(fb, custom_mask_tails=[len(tree), 0, len(tree)])
+    backend = create_attention_backend("triton")
+    fb.attn_backend = backend
+    with host_sync.forbid_reads("packing masks of known tails"):
+        backend.init_forward_metadata(_on_device(fb))
+    assert backend.meta.mask_width.tolist() == [len(tree), 0, len(tree)]
+    _compare(fb, g)
+    with pytest.raises(RuntimeError, match="reads a device value"):  # the host's search reads
+        with host_sync.forbid_reads("packing masks"):
+            backend.init_forward_metadata(_on_device(dataclasses.replace(
+                fb, custom_mask_tails=None)))

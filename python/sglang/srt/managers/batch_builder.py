@@ -17,7 +17,7 @@ def build_forward_batch(plan: StepPlan, req_to_token_pool, runner,
     Every tensor is made on the runner's device, here and nowhere later in the step; the
     req_to_token table lives there too, so the slots are sliced out in place."""
     dev = runner.device
-    ids, pos, rows, logit_rows, masks = [], [], [], [], []
+    ids, pos, rows, logit_rows, masks, tails = [], [], [], [], [], []
     start = 0
     for it in plan.items:
         req, n, tree = it.req, it.num_tokens, it.tree
@@ -26,11 +26,13 @@ def build_forward_batch(plan: StepPlan, req_to_token_pool, runner,
             # Verify: the whole tree, each node at its depth, under the tree mask.
             pos.extend(req.kv_len + d for d in tree.depths)
             masks.append(tree.attention_mask(req.kv_len).to(dev))
+            tails.append(n)  # the prefix is seen whole
             rows.append(list(range(start, start + n)))
             logit_rows.extend(rows[-1])
         else:
             pos.extend(range(req.kv_len, req.kv_len + n))
             masks.append(None)
+            tails.append(0)
             rows.append(outputs.logit_rows(req, req.kv_len, n, start))
             logit_rows.extend(rows[-1].all_rows())
         start += n
@@ -54,6 +56,7 @@ def build_forward_batch(plan: StepPlan, req_to_token_pool, runner,
         attn_backend=runner.attn_backend, seq_lens_cpu=seq_lens,
         extend_seq_lens_cpu=list(nums), req_pool_indices_cpu=pool_rows,
         logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
-        custom_mask=masks if trees else None, capture_layers=plan.capture_layers,
+        custom_mask=masks if trees else None, custom_mask_tails=tails if trees else None,
+        capture_layers=plan.capture_layers,
     )
     return fb, rows

@@ -53,6 +53,10 @@ class ForwardBatch:
     logits_indices: Optional[torch.Tensor] = None
     # Per request, a [extend_len, seq_len] bool mask (True = may attend); None = causal.
     custom_mask: Optional[List[Optional[torch.Tensor]]] = None
+    # Per masked request, how many trailing key columns its mask restricts (every column
+    # before them is visible to every row: a tree's prefix), known on the host so a GPU
+    # backend packs the tails without reading the masks back; None = find out.
+    custom_mask_tails: Optional[List[int]] = None
     # Per request, KV slot indices to attend over instead of the req_to_token row
     # (length must equal seq_lens[i]); used for the draft's compressed context.
     kv_indices: Optional[List[Optional[torch.Tensor]]] = None

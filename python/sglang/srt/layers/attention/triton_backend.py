@@ -76,6 +76,19 @@ def _indptr(lengths, device: torch.device) -> torch.Tensor:
     return out.to(device)
 
 
+def _pack_tails(masks, tails, ext, device):
+    """pack_custom_masks' layout from tails known on the host: each mask's last `tail`
+    columns, sliced and joined on the device (nothing read back)."""
+    parts = [m[:, m.shape[1] - w :].reshape(-1) for m, w in zip(masks, tails)
+             if m is not None and w > 0]
+    flat = (torch.cat(parts).to(torch.uint8) if parts
+            else torch.zeros(1, dtype=torch.uint8, device=device))
+    widths = [w if m is not None else 0 for m, w in zip(masks, tails)]
+    sizes = [e * w for e, w in zip(ext, widths)]
+    return (flat.to(device), _indptr(sizes, device),
+            torch.tensor(widths, dtype=torch.int64).to(device))
+
+
 class TritonAttnBackend(AttentionBackend):
     supports_graphs = True  # decode and verify batches (model_executor/cuda_graph_runner.py)
 
@@ -115,7 +128,10 @@ class TritonAttnBackend(AttentionBackend):
             max_extend_len=max(ext, default=0),
             num_kv_splits=self.kernels.default_num_kv_splits(
                 len(ext), fb.token_to_kv_pool.num_kv_heads, max(kv_lens, default=0), device))
-        if has_mask:
+        if has_mask and fb.custom_mask_tails is not None:
+            meta.mask_flat, meta.mask_indptr, meta.mask_width = _pack_tails(
+                masks, fb.custom_mask_tails, ext, device)
+        elif has_mask:  # tails unknown: packing finds them on the host
             meta.mask_flat, meta.mask_indptr, meta.mask_width = self.kernels.pack_custom_masks(
                 masks, ext, kv_lens, device)
         self.meta = meta

@@ -352,7 +352,8 @@ class StandaloneDrafter(TreeGrowMixin, Drafter, DraftKVOwner):
 
     def _batch(self, reqs, ids: List[int], pos: torch.Tensor, seq_lens: List[int],
                ext: List[int], out_loc: torch.Tensor, rows: List[int],
-               kv_indices: Sequence[torch.Tensor], custom_mask=None) -> ForwardBatch:
+               kv_indices: Sequence[torch.Tensor], custom_mask=None,
+               custom_mask_tails: Optional[List[int]] = None) -> ForwardBatch:
         # every tensor on the draft's device, moved here once (the host builds the rows)
         dev = self.runner.device
         pool_rows = [r.req_pool_idx for r in reqs]
@@ -369,7 +370,8 @@ class StandaloneDrafter(TreeGrowMixin, Drafter, DraftKVOwner):
             logits_indices=torch.tensor(rows, dtype=torch.int64, device=dev),
             kv_indices=[k if k is None or isinstance(k, slice) else k.to(dev) for k in kv_indices],
             custom_mask=None if custom_mask is None else [
-                None if m is None else m.to(dev) for m in custom_mask])
+                None if m is None else m.to(dev) for m in custom_mask],
+            custom_mask_tails=custom_mask_tails)
 
     # ------------------------------------------------------------------ memory
     def check_all_free(self) -> None:

@@ -52,7 +52,7 @@ class TreeGrowMixin:
         return [select_best(t, b) for t, b in zip(trees, budgets)]
 
     def _forward_frontier(self, reqs, trees, frontier, node_slots, temp_slots):
-        ids, pos, seq_lens, ext, kv_idx, masks = [], [], [], [], [], []
+        ids, pos, seq_lens, ext, kv_idx, masks, tails = [], [], [], [], [], [], []
         new_slots = self.allocator.alloc(sum(len(f) for f in frontier))
         temp_slots.append(new_slots)
         new_host = host_sync.to_list(new_slots, "draft_slots")
@@ -72,6 +72,7 @@ class TreeGrowMixin:
                     tree_mask[q, col[a]] = True
             masks.append(torch.cat([torch.ones((len(front), len(prefix)), dtype=torch.bool),
                                     tree_mask], 1))
+            tails.append(len(nodes))  # the view's prefix is seen whole
             kv_idx.append(torch.cat([prefix, torch.tensor([slots_of[n] for n in nodes],
                                                      device=prefix.device)]))
             ids += [tree.tokens[n] for n in front]
@@ -79,7 +80,8 @@ class TreeGrowMixin:
             seq_lens.append(len(prefix) + len(nodes))
             ext.append(len(front))
         fb = self._batch(reqs, ids, torch.tensor(pos, dtype=torch.int64), seq_lens, ext,
-                         new_slots, list(range(len(ids))), kv_indices=kv_idx, custom_mask=masks)
+                         new_slots, list(range(len(ids))), kv_indices=kv_idx, custom_mask=masks,
+                         custom_mask_tails=tails)
         rids = [r.rid for r, front in zip(reqs, frontier) for _ in front]
         nodes = [(tree, node) for tree, front in zip(trees, frontier) for node in front]
         out = self._forward_telling(fb, rids, ids, list(range(len(ids))), nodes=nodes)
