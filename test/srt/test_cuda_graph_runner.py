@@ -9,20 +9,13 @@ Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1 before the first 
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed", allow_module_level=True)
-if not torch.cuda.is_available():
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set",
-                    allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
+from sglang.test.triton_env import interpret_triton_without_a_gpu  # noqa: E402
+
+interpret_triton_without_a_gpu()
 
 from sglang.srt.managers.scheduler_process import scheduler_info  # noqa: E402
 from sglang.srt.model_executor.cuda_graph_runner import (  # noqa: E402

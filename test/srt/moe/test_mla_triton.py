@@ -6,20 +6,13 @@ process first imports triton), so the model is the tiny DeepSeek-V3."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 
 import pytest
 import torch
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed", allow_module_level=True)
-if not torch.cuda.is_available():
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set",
-                    allow_module_level=True)
-    os.environ["TRITON_INTERPRET"] = "1"
+from sglang.test.triton_env import interpret_triton_without_a_gpu
+
+interpret_triton_without_a_gpu()
 
 from sglang.srt.layers.attention.base import create_attention_backend  # noqa: E402
 from sglang.srt.mem_cache.mla_pool import create_kv_pool  # noqa: E402
