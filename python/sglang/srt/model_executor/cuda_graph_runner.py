@@ -1,4 +1,4 @@
-"""CUDA graphs for decode batches (upstream's `--cuda-graph-max-bs`, `--cuda-graph-bs`,
+"""CUDA graphs for decode batches and tree verifies (upstream's `--cuda-graph-max-bs`, `--cuda-graph-bs`,
 `--disable-cuda-graph`, `--disable-cuda-graph-padding`).
 
 A decode step of a small batch spends most of its GPU time launching kernels; a graph
@@ -146,6 +146,7 @@ class _Family:
     input_ids: torch.Tensor
     positions: torch.Tensor
     out_cache_loc: torch.Tensor
+    kv_capacity: int  # slot-list entries the backend's static buffers hold
     graphs: Dict[int, object] = dataclasses.field(default_factory=dict)
     outputs: Dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
 
@@ -167,10 +168,10 @@ class GraphRunner:
     def _family(self, mode: ForwardMode, tokens: int) -> _Family:
         dev, rows = self.runner.device, self.sizes[-1] * tokens
         zeros = lambda: torch.zeros(rows, dtype=torch.int64, device=dev)  # noqa: E731
-        fam = _Family(mode, tokens, zeros(), zeros(), zeros())
         # the longest batch the slot lists hold: every request at the longest context
-        self.runner.attn_backend.init_graph_state(
-            tokens, self.sizes[-1], self.sizes[-1] * (self.max_kv_len + tokens), dev)
+        capacity = self.sizes[-1] * (self.max_kv_len + tokens)
+        fam = _Family(mode, tokens, zeros(), zeros(), zeros(), capacity)
+        self.runner.attn_backend.init_graph_state(tokens, self.sizes[-1], capacity, dev)
         self.families[mode] = fam
         return fam
 
@@ -241,8 +242,7 @@ class GraphRunner:
         ok = (not model_inputs and fb.capture_layers is None and fb.residual_hook is None
               and len(lens) == fb.batch_size
               and self._bucket(fb.batch_size) is not None
-              and sum(lens) + fam.tokens * fb.batch_size <= self.sizes[-1] * (
-                  self.max_kv_len + fam.tokens)
+              and sum(lens) + fam.tokens * fb.batch_size <= fam.kv_capacity
               and max(lens, default=0) <= self.max_kv_len
               and self.runner.attn_backend.graph_can_run(fb, fam.tokens))
         if not ok:
