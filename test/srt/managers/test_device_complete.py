@@ -2,8 +2,9 @@
 whole model forward runs there with nothing made on the host.
 
 The `meta` device stands in for a GPU: mixing a CPU tensor into a meta computation raises, and
-so does any `.item()` / `.tolist()` of a meta tensor (a host sync on a GPU), so these tests
-catch on a CPU-only machine what would break or stall on CUDA.
+so does any `.item()` / `.tolist()` of a meta tensor that does not go through `host_sync`'s
+named reads (which give ones on meta), so these tests catch on a CPU-only machine what would
+break or stall on CUDA.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.tree import DraftTree
 
 
-def _runner(model_dir: str, device: str) -> ModelRunner:
+def _runner(model_dir: str, device: str, **kw) -> ModelRunner:
     args = ServerArgs(model_path=model_dir, device=device, dtype="float32",
-                      attention_backend="torch_native", max_total_tokens=256)
+                      attention_backend="torch_native", max_total_tokens=256, **kw)
     return ModelRunner(args, max_running_requests=2)
 
 
@@ -98,23 +99,21 @@ def test_built_batch_lives_on_the_runner_device(tiny_llama_dir) -> None:
     assert pool.req_to_token.device.type == "meta"
 
 
-def _all_dense_deepseek(tmp_path) -> str:
-    from sglang.test.moe_fixtures import build_tiny_moe
-
-    # MLA attention in every layer, no routed experts (their forward syncs: issue 29's MoE part)
-    return build_tiny_moe("deepseek_v2", str(tmp_path / "dsv2_dense"), first_k_dense_replace=3)
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "deepseek_v2_mla"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mixtral_store", "deepseek_v2"])
 def test_model_forward_on_meta_makes_nothing_on_the_host(arch, tiny_llama_dir, tiny_qwen2_dir,
-                                                         tmp_path) -> None:
+                                                         tiny_moe_dir) -> None:
     """Weights, KV pool, req_to_token table and batch on `meta`: prefill, decode and a tree
-    verify run through the real runner and attention backend; a CPU tensor mixed in, or a
-    host read of a device tensor, would raise."""
+    verify run through the real runner and attention backend; a CPU tensor mixed in, or an
+    unnamed host read of a device tensor, would raise. Mixtral keeps 2 of its 8 experts per
+    layer in an expert store (loads through the staging set into meta slots); DeepSeek-V2
+    runs MLA and its routed and shared experts."""
+    kw = {"moe_expert_cache_slots": 2} if arch == "mixtral_store" else {}
     model_dir = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir}.get(arch) or \
-        _all_dense_deepseek(tmp_path)
-    runner = _runner(model_dir, "meta")
+        tiny_moe_dir(arch.split("_store")[0])
+    runner = _runner(model_dir, "meta", **kw)
     assert next(runner.model.parameters()).device.type == "meta"
+    store = getattr(runner.model, "expert_store", None)
+    assert (store is not None) == (arch == "mixtral_store")
     pool = ReqToTokenPool(2, 64, device="meta")
     outputs = OutputProcessor(runner.vocab_size, None, eos_token_ids={2})
     for plan, (fb, rows) in _steps(runner, pool, outputs):
@@ -122,6 +121,13 @@ def test_model_forward_on_meta_makes_nothing_on_the_host(arch, tiny_llama_dir, t
         wanted = sum(len(r.all_rows()) if hasattr(r, "all_rows") else len(r) for r in rows)
         assert logits.device.type == "meta"
         assert tuple(logits.shape) == (wanted, runner.vocab_size)
+    if store is not None:
+        # a named read of meta ids says every expert is needed: each one went through a slot
+        layer = store.layers()[0]
+        assert store.stats().layers[layer].loads >= 8
+        assert {str(t.device) for t in store.weights(layer)} == {"meta"}
+        store.check_idle()
+        store.close()
 
 
 def test_sampling_follows_the_logits_device() -> None:

@@ -184,3 +184,36 @@ def test_moe_torch_runner_reads_its_expert_groups_once_per_layer(tiny_moe_dir):
     # default) reads nothing
     assert sched.sync_stats.last_step == {"next_token_ids": 1, "moe_expert_groups": layers}
     _finish(sched)
+
+
+def test_id_counts_match_unique_and_read_once():
+    """The MoE's expert groups and needed experts come from one fixed-size read (no
+    data-dependent `unique` on the device): the same groups and ids as torch.unique, -1
+    (pairs outside this rank or wave) counted first."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(1, 9, (1,), generator=gen))
+        ids = torch.randint(-1, n, (int(torch.randint(1, 40, (1,), generator=gen)), 2),
+                            generator=gen)
+        host_sync.take()
+        with RawReads() as raw:
+            counts = host_sync.id_counts(ids, n, "t")
+            present = host_sync.present_ids(ids, n, "t")
+        assert not raw.unnamed(), raw.counts
+        assert host_sync.take() == {"t": 2}
+        values, got = torch.unique(ids, return_counts=True)
+        want = dict(zip(values.tolist(), got.tolist()))
+        assert counts == [want.get(v, 0) for v in range(-1, n)]
+        assert present == [v for v in values.tolist() if v >= 0]
+
+
+def test_named_reads_of_meta_tensors_give_ones_and_unnamed_ones_raise():
+    """A meta tensor (the device tests' GPU) has no values: the named reads return ones of
+    its shape, so a meta forward walks its data-dependent paths; a raw read still fails."""
+    t = torch.empty((2, 3), dtype=torch.int64, device="meta")
+    assert host_sync.to_list(t, "t") == [[1, 1, 1], [1, 1, 1]]
+    assert host_sync.to_int(t[0, 0], "t") == 1 and host_sync.to_bool(t[0, 0], "t") is True
+    assert host_sync.to_cpu(t, "t").device.type == "cpu"
+    assert host_sync.present_ids(t, 4, "t") == [0, 1, 2, 3]
+    with pytest.raises(Exception):
+        t.tolist()

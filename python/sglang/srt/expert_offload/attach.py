@@ -39,8 +39,9 @@ def attach_expert_store(model: "MoECausalLM", model_path: str,
             for e, names in b.experts.expert_keys.items() if e in owned}
     source = SafetensorsExpertSource(model_path, keys, cfg.drop_page_cache)
     device = str(first.w13.device)
-    if device.startswith("cuda"):
-        # a bounded pinned staging set, not every expert pinned in host RAM
+    if device != "cpu":
+        # device slots fill through a bounded staging set (pinned where CUDA is), not every
+        # expert pinned in host RAM
         source = PinnedStagingSource(source, {i: b.slot_shapes() for i, b in blocks.items()},
                                      first.w13.dtype)
     else:

@@ -124,7 +124,8 @@ class ExpertPrefetcher:
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor) -> None:
         if self.active:
-            routed = host_sync.to_list(torch.unique(topk_ids), "prefetch_routed")
+            routed = host_sync.present_ids(topk_ids, self.store.num_experts(layer),
+                                           "prefetch_routed")
             needed = [e for e in routed if self.store.owns(e)]
             self.stats.used(layer, needed, self.store.resident(layer))
         else:

@@ -118,6 +118,9 @@ class ExpertStore:
         with self._cond:
             return sorted(self._layers[layer].where)
 
+    def num_experts(self, layer: int) -> int:
+        return self._layers[layer].num_experts
+
     def owns(self, expert: int) -> bool:
         return self.owned is None or expert in self.owned
 

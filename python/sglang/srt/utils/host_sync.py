@@ -22,30 +22,52 @@ from torch.overrides import TorchFunctionMode
 _counts: "collections.Counter[str]" = collections.Counter()
 
 
+def _values(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor (the tests' stand-in for a GPU) has no values: a named read of one gets
+    ones of its shape, so the code after it takes its data-dependent paths (every id present,
+    every group one entry); an unnamed read of it still raises."""
+    return torch.ones(t.shape, dtype=t.dtype) if t.is_meta else t
+
+
 def to_list(t: torch.Tensor, site: str) -> list:
     _counts[site] += 1
-    return t.tolist()
+    return _values(t).tolist()
 
 
 def to_int(t: torch.Tensor, site: str) -> int:
     _counts[site] += 1
-    return int(t)
+    return int(_values(t))
 
 
 def to_bool(t: torch.Tensor, site: str) -> bool:
     _counts[site] += 1
-    return bool(t)
+    return bool(_values(t))
 
 
 def to_float(t: torch.Tensor, site: str) -> float:
     _counts[site] += 1
-    return float(t)
+    return float(_values(t))
 
 
 def to_cpu(t: torch.Tensor, site: str) -> torch.Tensor:
     """One copy of a whole tensor, when the host walks many of its entries."""
     _counts[site] += 1
-    return t.cpu()
+    return _values(t).cpu()
+
+
+def id_counts(ids: torch.Tensor, num_ids: int, site: str) -> list:
+    """How many entries of `ids` (values -1 .. num_ids - 1) hold each value, -1 first, in one
+    named read: a fixed-size sum on the device (`unique`'s data-dependent size would cost a
+    GPU a second, hidden sync)."""
+    flat = ids.reshape(-1) + 1
+    counts = torch.zeros(num_ids + 1, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    return to_list(counts, site)
+
+
+def present_ids(ids: torch.Tensor, num_ids: int, site: str) -> list:
+    """The values >= 0 in `ids`, ascending (what `torch.unique` gives, without its sync)."""
+    return [e for e, n in enumerate(id_counts(ids, num_ids, site)[1:]) if n]
 
 
 # torch functions that read a tensor's values on the host (a GPU waits for its queue), or

@@ -39,17 +39,15 @@ def experts_forward_into(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     hidden [T, H]; w13 [S, 2I, H]; w2 [S, H, I]; slot_ids [T, k] int64; out [T, k, H].
     Pairs are sorted by slot (stable), so each expert sees its tokens in token order."""
     k = slot_ids.shape[1]
-    flat = slot_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    sorted_slots = flat[order]
-    active, counts = torch.unique_consecutive(sorted_slots, return_counts=True)
+    order = torch.argsort(slot_ids.reshape(-1), stable=True)
     out_flat = out.view(-1, out.shape[-1])
     start = 0
-    groups = host_sync.to_list(torch.stack([active, counts]), "moe_expert_groups")
-    for slot, n in zip(*groups):
+    # slot -1 first (pairs outside this call), then 0, 1, ...: the sorted order's groups
+    groups = host_sync.id_counts(slot_ids, w13.shape[0], "moe_expert_groups")
+    for slot, n in enumerate(groups, start=-1):
         rows = order[start : start + n]
         start += n
-        if slot < 0:
+        if slot < 0 or n == 0:
             continue
         x = hidden[rows // k]  # [n, H]
         # `linear`: on CPU the small-M kernel for the few rows an expert gets while decoding
@@ -168,7 +166,7 @@ class MoEExperts(nn.Module):
             return
         store, layer = self.store, self.layer_id
         # -1: another EP rank's
-        needed = [e for e in host_sync.to_list(torch.unique(ids), "expert_store_ids") if e >= 0]
+        needed = host_sync.present_ids(ids, self.num_experts, "expert_store_ids")
         n = store.num_slots
         if len(needed) > n:
             resident, mapped = set(store.resident(layer)), set(store.mapped(layer))
