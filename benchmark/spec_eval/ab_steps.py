@@ -4,6 +4,9 @@ spec meta and the first 30 step times per configuration (a diagnosis tool: bench
 is the evaluation).
 
     python benchmark/spec_eval/ab_steps.py plain,NGRAM,HYBRID cra/list/4K,dora/summary/4K
+    python benchmark/spec_eval/ab_steps.py plain,EAGLE3 cra/list/1K 0.5b ~/.cache/sglang-fork/heads/qwen2.5-coder-0.5b-eagle3
+
+A third argument 0.5b takes the 0.5B as the target; a fourth is an EAGLE / EAGLE-3 head's folder.
 """
 import os, sys, time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -16,13 +19,17 @@ from sglang.test.real_assets import qwen_pair
 from spec_eval.eval_set import eval_prompts
 algos, names = sys.argv[1].split(","), sys.argv[2].split(",")
 draft, target = qwen_pair()
+if len(sys.argv) > 3 and sys.argv[3] == "0.5b":
+    target = draft
+head = os.path.expanduser(sys.argv[4]) if len(sys.argv) > 4 else None
 tok = load_tokenizer(target)
 prompts = [p for p in eval_prompts(tok) if p["name"] in names]
 longest = max(len(p["ids"]) for p in prompts) + 128
 scheds = []
 for a in algos:
     kw = {} if a == "plain" else {"speculative_algorithm": a}
-    if a in ("HYBRID", "STANDALONE"): kw["speculative_draft_model_path"] = draft
+    if a in ("HYBRID", "STANDALONE"): kw["speculative_draft_model_path"] = head or draft
+    if a in ("EAGLE", "EAGLE3"): kw["speculative_draft_model_path"] = head
     scheds.append(Scheduler(ServerArgs(model_path=target, dtype="bfloat16", context_length=longest,
                              max_total_tokens=sum(len(p["ids"]) + 64 for p in prompts) + 4096, **kw)))
     scheds[-1].calibrate()  # as the server's scheduler process does
