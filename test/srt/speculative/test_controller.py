@@ -225,6 +225,32 @@ def test_a_new_request_is_probed_where_a_well_drafted_one_would_pay(tiny_llama_d
     assert never[:2] == [1, 1] and never.count(1) >= 28  # plain but for a re-measure
 
 
+def test_a_cheap_verify_that_brings_nothing_stops_right_after_the_probe(tiny_llama_dir):
+    """A head-like draft: a verify costs 1.15 / 1.5 plain steps (budgets 2 / 4), so it pays
+    from ~0.15 / 0.35 acceptance a position. A request whose drafts are all rejected learns
+    that from its own first verifies (the prior counts as one position, not as a history):
+    it speculates for its two probe verifies and at most one more step, then decodes
+    plainly (with the prior as a whole history it stayed on for ~8 more, each a loss); one
+    whose drafts are all taken keeps speculating at the largest budget."""
+    cheap = (0.0115, 0.015)
+    bad = _decode(_standalone_spec(tiny_llama_dir, spec_s=cheap), "bad", lambda d: 0, 30)
+    assert bad[:2] == [4, 4] and sum(b > 1 for b in bad[:12]) <= 3, bad
+    good = _decode(_standalone_spec(tiny_llama_dir, spec_s=cheap), "good", lambda d: d, 30)
+    assert good.count(4) >= 28, good
+
+
+def test_a_draft_model_request_weighs_its_prior_as_one_position(tiny_llama_dir):
+    """Draft models (and heads) price every verify at several plain steps: their requests'
+    acceptance counts the prior as one decided position; a free drafter's (n-grams) keeps it
+    as a whole history (its verifies cost next to nothing, trying longer is cheap)."""
+    from sglang.test.scheduler_driver import make_scheduler
+
+    standalone = _standalone_spec(tiny_llama_dir).controller(_fake_req("a"))
+    ngram = make_scheduler(tiny_llama_dir, speculative_algorithm="NGRAM").spec
+    assert standalone.prior_weight == 1.0
+    assert ngram.controller(_fake_req("a")).prior_weight is None
+
+
 def test_the_probe_waits_for_its_verifies_but_not_for_ever():
     """A step where the draft could not run (a catch-up that did not pay) does not use up the
     probe; PROBE_WAIT plain steps without a verify end it (speculation loses even at 0.9)."""

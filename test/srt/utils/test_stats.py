@@ -96,6 +96,22 @@ def test_acceptance_is_a_ratio_of_two_decayed_sums() -> None:
     assert a.trials == pytest.approx(ema(1.0, 3, 0.5))
 
 
+def test_a_prior_of_one_position_gives_way_to_the_first_verifies() -> None:
+    """With prior_weight the prior counts as that many decided positions and each verify in
+    full: two rejected verifies take the rate from 0.7 to under 0.2 (a history-weighted
+    prior is still above 0.4), and after many verifies both forms agree."""
+    from sglang.srt.speculative.controller import AcceptanceEMA
+
+    fast, slow = AcceptanceEMA(0.7, 0.8, prior_weight=1.0), AcceptanceEMA(0.7, 0.8)
+    for _ in range(2):
+        fast.update(0, 3), slow.update(0, 3)
+    assert fast.rate == pytest.approx(0.7 * 0.64 / (0.64 + 0.8 + 1))
+    assert fast.rate < 0.2 < 0.4 < slow.rate
+    for i in range(80):
+        fast.update(i % 4, 3), slow.update(i % 4, 3)
+    assert fast.rate == pytest.approx(slow.rate, rel=1e-6)
+
+
 def test_tree_budget_step_seconds_decay() -> None:
     from sglang.srt.expert_offload.tree_budget import TreeBudget
 

@@ -82,6 +82,10 @@ class RequestController:
     ema_rate: float = PRIOR_RATE  # per-position acceptance, for the cost model
     # its parts: recent accepted positions over recent decided positions (AcceptanceEMA)
     acceptance: Optional["AcceptanceEMA"] = None
+    # the prior's weight in decided positions (None: a whole history; AcceptanceEMA): a
+    # draft model's request, whose verifies cost several plain steps each, learns its own
+    # acceptance from its first verifies (docs/decisions.md)
+    prior_weight: Optional[float] = None
     switches: List[Tuple[int, str]] = dataclasses.field(default_factory=list)
     tokens_seen: int = 0
     probe_left: int = PROBE_STEPS  # verifies still weighed at PROBE_RATE
@@ -118,7 +122,8 @@ class RequestController:
             return
         self.probe_left = max(self.probe_left - 1, 0)
         if self.acceptance is None:
-            self.acceptance = AcceptanceEMA(self.ema_rate, decay=0.8)
+            self.acceptance = AcceptanceEMA(self.ema_rate, decay=0.8,
+                                            prior_weight=self.prior_weight)
         self.ema_rate = self.acceptance.update(accepted, offered)
         self._size_draft(accepted, offered)
         self.outcomes.append((accepted, offered, emitted, break_even))
@@ -214,14 +219,28 @@ def decided_positions(accepted: int, offered: int) -> int:
 class AcceptanceEMA:
     """Per-position acceptance probability, the `rate` expected_tokens() takes: decayed
     accepted positions over decayed decided ones. Accepted over offered (what the fallback
-    window counts) is biased low for a chain, and underrated speculation (docs/decisions.md)."""
+    window counts) is biased low for a chain, and underrated speculation (docs/decisions.md).
 
-    def __init__(self, prior: float, decay: float) -> None:
-        self.hits, self.trials, self.decay = prior, 1.0, decay
+    `prior_weight` None: the prior stands for a whole history (a moving average started at
+    it: a request's first verifies move it by 1 - decay each). A number: the prior counts as
+    that many decided positions and each verify's positions count in full (decayed sums), so
+    a request's own first verifies outweigh the prior at once; both agree once it is far
+    behind."""
+
+    def __init__(self, prior: float, decay: float, prior_weight: Optional[float] = None) -> None:
+        self.decay = decay
+        self.sums = prior_weight is not None
+        weight = 1.0 if prior_weight is None else prior_weight
+        self.hits, self.trials = prior * weight, weight
 
     def update(self, accepted: int, offered: int) -> float:
-        self.hits = ema(self.hits, accepted, self.decay)
-        self.trials = ema(self.trials, decided_positions(accepted, offered), self.decay)
+        decided = decided_positions(accepted, offered)
+        if self.sums:
+            self.hits = self.decay * self.hits + accepted
+            self.trials = self.decay * self.trials + decided
+        else:
+            self.hits = ema(self.hits, accepted, self.decay)
+            self.trials = ema(self.trials, decided, self.decay)
         return self.rate
 
     @property

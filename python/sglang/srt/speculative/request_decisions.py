@@ -19,6 +19,11 @@ from sglang.srt.speculative.controller import RequestController, expected_tokens
 VERIFY_ROW_COST = 0.12
 
 
+# A draft-model request's prior acceptance counts as this many decided positions (a free
+# drafter's, whose verifies cost little, stands for a whole history: controller.AcceptanceEMA)
+DRAFT_MODEL_PRIOR_WEIGHT = 1.0
+
+
 def verify_cost_prior(rows: int) -> float:
     return 1.0 + VERIFY_ROW_COST * max(rows - 1, 0)
 
@@ -49,6 +54,8 @@ class RequestDecisions:
                 if self.drafter.drafts_without_model:
                     # HYBRID: its n-grams alone (model off) size their draft as NGRAM does
                     ctl.max_draft_len = ctl.draft_len = full
+                else:  # a draft model or head alone: its own acceptance from its first verifies
+                    ctl.prior_weight = DRAFT_MODEL_PRIOR_WEIGHT
             self.controllers[req.rid] = ctl
         return ctl
 
