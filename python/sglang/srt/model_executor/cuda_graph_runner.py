@@ -1,5 +1,5 @@
-"""CUDA graphs for decode batches and tree verifies (upstream's `--cuda-graph-max-bs`, `--cuda-graph-bs`,
-`--disable-cuda-graph`, `--disable-cuda-graph-padding`).
+"""CUDA graphs for decode batches and tree verifies (upstream's `--cuda-graph-max-bs`,
+`--cuda-graph-bs`, `--disable-cuda-graph`, `--disable-cuda-graph-padding`).
 
 A decode step of a small batch spends most of its GPU time launching kernels; a graph
 captured once per batch size replays them in one launch. At start-up the runner captures

@@ -221,26 +221,20 @@ class AcceptanceEMA:
     accepted positions over decayed decided ones. Accepted over offered (what the fallback
     window counts) is biased low for a chain, and underrated speculation (docs/decisions.md).
 
-    `prior_weight` None: the prior stands for a whole history (a moving average started at
-    it: a request's first verifies move it by 1 - decay each). A number: the prior counts as
-    that many decided positions and each verify's positions count in full (decayed sums), so
-    a request's own first verifies outweigh the prior at once; both agree once it is far
-    behind."""
+    `prior_weight`: how many decided positions the prior counts as. None: 1 / (1 - decay),
+    what a moving average started at the prior gives it (a whole history: a request's first
+    verifies move it by 1 - decay each); 1: a request's own first verifies outweigh it at
+    once. Either way the estimate forgets at `decay` a verify."""
 
     def __init__(self, prior: float, decay: float, prior_weight: Optional[float] = None) -> None:
         self.decay = decay
-        self.sums = prior_weight is not None
-        weight = 1.0 if prior_weight is None else prior_weight
+        # in units of the moving average (weights scaled by 1 - decay)
+        weight = 1.0 if prior_weight is None else prior_weight * (1 - decay)
         self.hits, self.trials = prior * weight, weight
 
     def update(self, accepted: int, offered: int) -> float:
-        decided = decided_positions(accepted, offered)
-        if self.sums:
-            self.hits = self.decay * self.hits + accepted
-            self.trials = self.decay * self.trials + decided
-        else:
-            self.hits = ema(self.hits, accepted, self.decay)
-            self.trials = ema(self.trials, decided, self.decay)
+        self.hits = ema(self.hits, accepted, self.decay)
+        self.trials = ema(self.trials, decided_positions(accepted, offered), self.decay)
         return self.rate
 
     @property
