@@ -1,6 +1,6 @@
 """A/B per step: configurations as Schedulers in one process, stepped in turns on the same
 prompts of the held-out set, so the VM's drift falls on all alike; prints tok/s, steps, the
-spec meta and the first 30 step times per configuration (a diagnosis tool: bench_spec_eval.py
+spec meta and every step per configuration as (seconds, tokens, tree nodes verified) (a diagnosis tool: bench_spec_eval.py
 is the evaluation).
 
     python benchmark/spec_eval/ab_steps.py plain,NGRAM,HYBRID cra/list/4K,dora/summary/4K
@@ -52,11 +52,13 @@ for p in prompts:
             for u in ups:
                 if u.new_output_ids:
                     st[a]["stamps"].append((t1, len(u.new_output_ids))); st[a]["ids"] += u.new_output_ids
-                    st[a]["steptimes"].append((round(t1 - t0, 3), len(u.new_output_ids)))
+                    prop = s.spec.proposal.trees if s.spec is not None else []
+                    nodes = sum(len(t) for t in prop if t is not None)  # verified this step
+                    st[a]["steptimes"].append((round(t1 - t0, 3), len(u.new_output_ids), nodes))
                 if u.finished_reason is not None: st[a]["meta"] = u.extra_meta
     for a in algos:
-        x = st[a]; tot = sum(t for t, _ in x["steptimes"]); n = sum(k for _, k in x["steptimes"])
+        x = st[a]; tot = sum(t[0] for t in x["steptimes"]); n = sum(t[1] for t in x["steptimes"])
         m = {k: v for k, v in (x["meta"] or {}).items() if k in ("spec_accept_length", "spec_fallback_count", "spec_verify_ct", "spec_draft_token_num")}
         print(p["name"], a, "tok/s", round(n / tot, 2), "steps", len(x["steptimes"]), "same", x["ids"] == st[algos[0]]["ids"], m)
-        print("   ", x["steptimes"][:30])
+        print("   ", x["steptimes"])
 for s in scheds: s.flush_cache(); s.check_all_free()

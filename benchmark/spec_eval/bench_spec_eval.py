@@ -220,6 +220,9 @@ def main() -> None:
     ap.add_argument("--max-doc-tokens", type=int, default=16384, help="a smaller set (smoke)")
     ap.add_argument("--min-doc-tokens", type=int, default=0,
                     help="only the longer prompts (e.g. 16384: the 16K third alone)")
+    ap.add_argument("--prompts", default=None,
+                    help="comma-separated prompt names (e.g. dora/quote/16K): a part of the set "
+                         "per run where one run of all would outlast a session")
     ap.add_argument("--target-path", default=None,
                     help="the target alone (e.g. the 0.5B GGUF) instead of the Qwen pair; "
                          "STANDALONE/HYBRID then need --draft-path")
@@ -262,7 +265,10 @@ def main() -> None:
     if args.only:
         configs = [c for c in configs if c in args.only.split(",")]
     prompts = [p for p in prompts
-               if args.min_doc_tokens <= p["doc_tokens"] <= args.max_doc_tokens]
+               if args.min_doc_tokens <= p["doc_tokens"] <= args.max_doc_tokens
+               and (not args.prompts or p["name"] in args.prompts.split(","))]
+    if not prompts:
+        sys.exit("no prompt of the set matches --prompts / --min-doc-tokens / --max-doc-tokens")
     os.makedirs(os.path.join(RESULTS, args.name + "_parts"), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="spec_eval_")
     prompts_file = os.path.join(tmp, "prompts.json")
