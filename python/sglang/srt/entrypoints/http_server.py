@@ -30,7 +30,7 @@ from sglang.srt.entrypoints.openai.serving_base import (ClientDisconnected, Safe
 from sglang.srt.entrypoints.server_routes import router as server_router
 from sglang.srt.managers.expert_record_handler import PATHS, register_expert_record_routes
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import RequestRefused, raise_if_refused
+from sglang.srt.managers.request_checks import RequestRefused, raise_if_refused
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

@@ -26,20 +26,14 @@ from sglang.srt.managers.io_struct import (AbortReq, BatchStrOut, ExpertDistribu
                                            GenerateReqInput, GetInternalStateOutput,
                                            GetInternalStateReq, ReqStrUpdate, SingleReq,
                                            TokenizedGenerateReqInput)
+from sglang.srt.managers.request_checks import (RequestRefused, check_request_types,
+                                               raise_if_refused)
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _LOAD_TOKENIZER = object()  # sentinel: "no tokenizer handed in, load it here"
 HEALTH_CHECK_PREFIX = "HEALTH_CHECK"  # rid prefix of /health probes (as upstream)
-
-
-class RequestRefused(RuntimeError):
-    """The engine refused or dropped a request (queue full, shutting down, scheduler gone)."""
-
-    def __init__(self, message: str, status_code: int = 503) -> None:
-        super().__init__(message)
-        self.status_code = status_code
 
 
 @dataclasses.dataclass
@@ -405,51 +399,3 @@ class TokenizerManager:
         self._send.close(linger=0)
         self._recv.close(linger=0)
         self._ctx.term()
-
-
-def raise_if_refused(out: Dict[str, Any]) -> None:
-    """A final output whose finish reason is an abort with a status code becomes an error:
-    400 -> ValueError, others (503 queue full, 500) -> RequestRefused."""
-    reason = out["meta_info"].get("finish_reason")
-    if not isinstance(reason, dict) or reason.get("type") != "abort":
-        return
-    status = reason.get("status_code")
-    if status == 400:
-        raise ValueError(reason.get("message", "Bad request."))
-    if status is not None:
-        raise RequestRefused(reason.get("message", "The request was refused."), int(status))
-
-
-_MAX_N = 1024
-
-
-def check_request_types(obj: GenerateReqInput) -> None:
-    """Type checks for the top-level /generate fields that split() takes on trust, so a
-    wrong type is a 400 with a message instead of a crash or a silent coercion."""
-
-    def each(value: Any) -> List[Any]:
-        return value if isinstance(value, list) else [value]
-
-    def is_int(x: Any) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool)
-
-    for name in ("stream", "return_text_in_logprobs"):
-        if not isinstance(getattr(obj, name), bool):
-            raise ValueError(f"{name} must be true or false, got {getattr(obj, name)!r}")
-    if not all(isinstance(v, bool) for v in each(obj.return_logprob)):
-        raise ValueError(f"return_logprob must be a boolean (or a list of them), got {obj.return_logprob!r}")
-    for name in ("logprob_start_len", "top_logprobs_num"):
-        value = getattr(obj, name)
-        if value is not None and not all(v is None or is_int(v) for v in each(value)):
-            raise ValueError(f"{name} must be an integer (or a list of them), got {value!r}")
-    if obj.top_logprobs_num is not None and any(v is not None and v < 0 for v in each(obj.top_logprobs_num)):
-        raise ValueError(f"top_logprobs_num must be non-negative, got {obj.top_logprobs_num!r}")
-    if obj.rid is not None and not all(isinstance(r, str) for r in each(obj.rid)):
-        raise ValueError(f"rid must be a string (or a list of strings), got {obj.rid!r}")
-    sps = obj.sampling_params
-    for sp in each(sps) if sps is not None else []:
-        if not isinstance(sp, dict):
-            raise ValueError("sampling_params must be an object (or a list of objects for a batch).")
-        n = sp.get("n", 1)
-        if n is not None and (not is_int(n) or not 1 <= n <= _MAX_N):
-            raise ValueError(f"n must be an integer between 1 and {_MAX_N}, got {n!r}")

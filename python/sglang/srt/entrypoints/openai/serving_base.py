@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from sglang.srt.entrypoints.json_body import loads_body
 from sglang.srt.entrypoints.openai.protocol import (ErrorResponse, LogProbs, PromptTokensDetails,
                                                     UsageInfo)
-from sglang.srt.managers.tokenizer_manager import RequestRefused
+from sglang.srt.managers.request_checks import RequestRefused
 
 logger = logging.getLogger(__name__)
 

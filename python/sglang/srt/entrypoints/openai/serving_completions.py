@@ -24,7 +24,7 @@ from sglang.srt.entrypoints.openai.serving_base import (ClientDisconnected, erro
                                                         sampling_params, streaming_error,
                                                         until_disconnect, usage)
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import RequestRefused, raise_if_refused
+from sglang.srt.managers.request_checks import RequestRefused, raise_if_refused
 
 
 class OpenAIServingCompletion:
