@@ -1,7 +1,7 @@
 """A/B per step: configurations as Schedulers in one process, stepped in turns on the same
 prompts of the held-out set, so the VM's drift falls on all alike; prints tok/s, steps, the
-spec meta and every step per configuration as (seconds, tokens, tree nodes verified) (a diagnosis tool: bench_spec_eval.py
-is the evaluation).
+spec meta and every step of each configuration as (seconds, tokens, tree nodes verified)
+(a diagnosis tool: bench_spec_eval.py is the evaluation).
 
     python benchmark/spec_eval/ab_steps.py plain,NGRAM,HYBRID cra/list/4K,dora/summary/4K
     python benchmark/spec_eval/ab_steps.py plain,EAGLE3 cra/list/1K 0.5b ~/.cache/sglang-fork/heads/qwen2.5-coder-0.5b-eagle3

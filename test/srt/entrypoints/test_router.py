@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 import requests
@@ -80,8 +81,6 @@ def test_killed_worker_is_dropped_and_requests_keep_succeeding(router, workers):
     """The router's health check (every second here) marks a killed worker unhealthy and
     routes around it. (Requests it sent to the worker before that fail: the router does not
     retry a refused connection on another worker.)"""
-    import time
-
     victim, survivor = workers
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait(30)
@@ -104,10 +103,18 @@ def test_router_launch_server_starts_dp_replicas_of_this_fork(start_router, tiny
     r = start_router("launch_server", [
         "--model-path", tiny_llama_dir, "--dtype", "float32", "--dp-size", "2", *WORKER_ARGS,
         "--router-dp-worker-base-port", str(20000 + os.getpid() % 20000)])
+    # the router answers once one replica is up; the other may register a little later
+    # (seconds while the rest of the suite loads the two cores)
+    deadline = time.time() + 120
+    while True:
+        replicas = requests.get(r.url + "/workers", timeout=30).json()["workers"]
+        if (len(replicas) == 2 and all(w["is_healthy"] for w in replicas)
+                or time.time() > deadline):
+            break
+        time.sleep(0.5)
+    assert len(replicas) == 2 and all(w["is_healthy"] for w in replicas), replicas
     outs = [r.generate(f"Request {i}: " + DOC[:300]) for i in range(4)]
     assert all(o.status_code == 200 for o in outs), [o.text for o in outs]
-    replicas = requests.get(r.url + "/workers", timeout=30).json()["workers"]
-    assert len(replicas) == 2 and all(w["is_healthy"] for w in replicas), replicas
     for w in replicas:  # each replica is one of ours, started by the router's launcher
         info = requests.get(w["url"] + "/server_info", timeout=30).json()
         assert info["dp_size"] == 1 and info["max_total_num_tokens"] == 8192, info
