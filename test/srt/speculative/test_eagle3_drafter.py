@@ -135,16 +135,21 @@ def test_radix_hits_and_chunked_prefill_stay_lossless(tiny_llama_dir, head_dir, 
     tree; prompts prefill in chunks of 16."""
     doc = prompts(1, seed=31, lo=70, hi=71)[0]
     qs = [doc + q for q in prompts(3, seed=32, lo=3, hi=8)]
+    plain.flush_cache()
+    run(plain, qs[:1], [greedy(16)])
     ref = run(plain, qs, [greedy(16)] * 3)
     sched = _eagle(tiny_llama_dir, head_dir, speculative_num_steps=3, speculative_eagle_topk=2,
                    speculative_num_draft_tokens=5, chunked_prefill_size=16)
     first = run(sched, qs[:1], [greedy(16)])
     assert first["0"][0] == ref["0"][0]
     got = run(sched, qs, [greedy(16)] * 3)
-    for rid, (ids, _) in ref.items():
+    for rid, (ids, upd) in ref.items():
         assert got[rid][0] == ids
+        # the target's hit is plain's: its prefill recomputes the same tokens (bf16 alike)
+        assert got[rid][1].cached_tokens == upd.cached_tokens >= 64
     assert all(u.extra_meta["draft_cached_tokens"] >= 64 for _, u in got.values())
-    # a hit leaves the last matched token to the target: the head reads its features
+    # the head's row at each hit's last token reads zeros; every other row its features
+    assert sched.spec.drafter.boundary_rows == 3
     assert sched.spec.drafter.missing_features == 0
     sched.tree_cache.check_integrity()
     sched.flush_cache()

@@ -246,9 +246,6 @@ class Scheduler(SchedulerStateMixin, SchedulerMemoryMixin):
             if req.wants_input_logprobs and not req.input_logprobs_done:
                 cap = min(cap, req.logprob_start_len)
             match = self.tree_cache.match_prefix(req.fill_ids[:cap])
-            lag = self.spec.match_lag if self.spec is not None else 0
-            if lag and match.length:  # an EAGLE head reads the last matched token's features
-                match = self.tree_cache.match_prefix(req.fill_ids[:max(0, match.length - lag)])
             need = req.fill_len - match.length + _DECODE_RESERVE_PER_REQ
             if need > free and self.running:
                 break  # wait for memory; an idle engine always admits (retraction handles it)

@@ -357,16 +357,14 @@ class SpecWorker:
         target KV: draft KV goes first)."""
         self.draft_kv.set_evictor(tree_cache.evict_draft)
 
-    @property
-    def match_lag(self) -> int:
-        """Tokens of a radix hit the target recomputes for the drafter (1 for a head)."""
-        return self.drafter.match_lag
-
     def adopt(self, req, match) -> None:
-        """Admission: the request starts from the draft slots cached for its prefix."""
+        """Admission: the request starts from the draft slots cached for its prefix (a
+        head's, less its `match_lag` rows that read tokens past the match). The target's
+        match is plain's whatever the drafter: its prefill computes the same tokens."""
         if not self.draft_kv.enabled:
             return
-        n = self.draft_kv.adopt(req, match.draft_indices) if len(match.draft_indices) else 0
+        slots = match.draft_indices[: max(0, match.length - self.drafter.match_lag)]
+        n = self.draft_kv.adopt(req, slots) if len(slots) else 0
         if req.total_retractions == 0:
             self.draft_cached[req.rid] = n
 

@@ -116,8 +116,8 @@ class Drafter(ABC):
     # part of its drafts needs no draft KV (HYBRID's n-grams): a request the draft model is
     # too far behind on is still drafted, by that part alone (`hold_back`)
     drafts_without_model = False
-    # tokens a radix hit gives back for the target to recompute (a head's cached row i read
-    # token i + 1, and its next row needs the target's features of the last matched token)
+    # cached draft rows of a radix hit's last tokens not to adopt: a head's row i read token
+    # i + 1, which for the last matched row may be another request's
     match_lag = 0
 
     @abstractmethod

@@ -15,7 +15,9 @@ chunks, plain decodes, a verify's accepted path), projected at once (H numbers a
 not 3H) and kept until the head has read them. A row whose features the target never
 computed (a prefix whose target KV came from the radix cache while the head's KV for it
 had been evicted) reads zeros: its drafts get worse, the output does not (the verify
-decides); `missing_features` counts them.
+decides); `missing_features` counts them. A radix hit's target prefill is plain's (the
+same tokens recomputed, so bf16 rounds alike); the head's row at the hit's last token reads
+zeros (`adopt`, `boundary_rows`).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class Eagle3Drafter(StandaloneDrafter):
 
     name = "eagle3"
     algorithm, kind, head_class = "EAGLE3", "EAGLE-3", LlamaForCausalLMEagle3
-    match_lag = 1  # the target recomputes a radix hit's last token: its features, valid rows
+    match_lag = 1  # a hit's last cached row read the token after the match: not ours
 
     def __init__(self, server_args, *args, **kwargs) -> None:
         if server_args.speculative_draft_kv_policy == "retrieval":
@@ -84,6 +86,7 @@ class Eagle3Drafter(StandaloneDrafter):
         self.layers: Optional[List[int]] = None  # set by bind_target
         self.features: Dict[str, FeatureLog] = {}
         self.missing_features = 0  # rows read without the target's features (zeros)
+        self.boundary_rows = 0  # radix hits' last matched rows, read with zero features
         self._out: Dict[Tuple[str, int], torch.Tensor] = {}  # (rid, node) -> head output
 
     def _use_token_map(self, path: str) -> None:
@@ -122,6 +125,19 @@ class Eagle3Drafter(StandaloneDrafter):
             fc = self.head.fc
             log = self.features.setdefault(req.rid, FeatureLog())
             log.add(start, fc(hidden.to(fc.weight.dtype)))
+
+    def adopt(self, req, slots: torch.Tensor) -> int:
+        """A radix hit of k tokens: the target computes from token k as plain decoding
+        does (same rows, same rounding); the head's row k - 1 needs the features of token
+        k - 1, which only the request that cached it computed. It reads zeros (one row
+        among the context's: its drafts barely change, the output not at all)."""
+        n = super().adopt(req, slots)
+        if n and n == req.kv_len - 1:
+            zero = torch.zeros((1, self.head.config.hidden_size), dtype=self.runner.dtype,
+                               device=self.runner.device)
+            self.features.setdefault(req.rid, FeatureLog()).add(n, zero)
+            self.boundary_rows += 1
+        return n
 
     # ------------------------------------------------------------------ rows
     def _sequence(self, req) -> List[int]:
