@@ -181,7 +181,7 @@ def test_a_clearly_likelier_expert_takes_the_slot_of_a_kept_one(tiny_moe_dir) ->
     """With scores (the draft predictor's router mass), a kept expert yields its slot to a
     requested one SWAP_MARGIN times likelier, the least likely first; a near-equal does not
     displace it, and a kept expert without a score is never evicted."""
-    from sglang.srt.expert_offload.store import SWAP_MARGIN
+    from sglang.srt.expert_offload.slots import SWAP_MARGIN
     from sglang.srt.model_loader.loader import load_model
 
     model, _ = load_model(tiny_moe_dir("mixtral"), dtype="float32", moe_expert_cache_slots=2)

@@ -29,28 +29,12 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 
+from sglang.srt.expert_offload.slots import (FREE, LOADING, RESIDENT, Layer, victim,
+                                             victim_scored)
 from sglang.srt.expert_offload.sources import ExpertSource, close_source
 from sglang.srt.expert_offload.store_stats import LayerStats, StoreStats  # noqa: F401
 
-FREE, LOADING, RESIDENT = "free", "loading", "resident"
-# A scored prefetch evicts a kept expert only for one at least this many times likelier:
-# kept must not mean frozen, but swaps between near-equals cost loads and save no stalls
-# (docs/decisions.md).
-SWAP_MARGIN = 2.0
 _DEMAND, _PREFETCH, _STOP = (0,), 1, (9,)  # queue priorities (prefetch: (1, layer))
-
-
-@dataclasses.dataclass
-class _Slot:
-    expert: int = -1
-    state: str = FREE
-    pins: int = 0
-    started: bool = False  # LOADING: a thread has begun the copy (else it waits in the queue)
-    last_use: int = 0
-    event: Optional[object] = None  # CUDA event of the load (GPU)
-    # CUDA event recorded at the last release: the kernels that read the slot were queued
-    # before it, and a load into the slot must not overwrite them before they run (GPU)
-    freed: Optional[object] = None
 
 
 @dataclasses.dataclass
@@ -61,15 +45,6 @@ class ExpertLease:
     slot_of: Dict[int, int]  # expert id -> slot index
 
 
-class _Layer:
-    def __init__(self, w13: torch.Tensor, w2: torch.Tensor, num_experts: int) -> None:
-        self.w13, self.w2 = w13, w2  # [S, 2I, H], [S, H, I]: the fast tier
-        self.num_experts = num_experts
-        self.slots = [_Slot() for _ in range(w13.shape[0])]
-        self.where: Dict[int, int] = {}  # expert -> slot (LOADING or RESIDENT)
-        self.stats = LayerStats()
-
-
 class ExpertStore:
     def __init__(self, source: ExpertSource, layers: Dict[int, tuple], num_experts: Dict[int, int],
                  device: str = "cpu", loader_threads: int = 2,
@@ -78,7 +53,7 @@ class ExpertStore:
         `owned`: the expert ids this store holds (None: all of them)."""
         self.source = source
         self.owned = owned
-        self._layers = {i: _Layer(w13, w2, num_experts[i]) for i, (w13, w2) in layers.items()}
+        self._layers = {i: Layer(w13, w2, num_experts[i]) for i, (w13, w2) in layers.items()}
         sizes = {len(lay.slots) for lay in self._layers.values()}
         assert len(sizes) == 1, "every layer has the same number of slots"
         self.num_slots = sizes.pop()
@@ -86,7 +61,7 @@ class ExpertStore:
         self._clock = 0
         self._cuda = str(device).startswith("cuda")
         # One load stream per thread that loads (the loaders and a layer's own thread): a
-        # load waiting for the kernels that last read its slot (`_Slot.freed`) then holds up
+        # load waiting for the kernels that last read its slot (`slots.Slot.freed`) then holds up
         # only that thread's later loads, not every load of the store
         self._streams = threading.local()
         self._device = next(iter(layers.values()))[0].device if layers else None
@@ -185,7 +160,7 @@ class ExpertStore:
                 if e in lay.where:
                     lay.slots[lay.where[e]].last_use = self._tick()
                     continue
-                j = self._victim_scored(lay, asked, keep, scores, scores.get(e, 0.0))
+                j = victim_scored(lay, asked, keep, scores, scores.get(e, 0.0))
                 if j is None:
                     lay.stats.dropped += sum(x not in lay.where for x in wanted[i:])
                     break
@@ -218,14 +193,14 @@ class ExpertStore:
             for e in ids:
                 if e in slot_of:
                     continue
-                j = self._victim(lay)
+                j = victim(lay)
                 while j is None and e not in lay.where:
                     # every slot pinned or loading: a load finishing frees one
                     if self._error is not None:
                         raise RuntimeError("a background expert load failed") from self._error
                     waited = True
                     self._cond.wait()
-                    j = self._victim(lay)
+                    j = victim(lay)
                 if e in lay.where:
                     # a prefetch mapped it while we waited: share that slot, never map an
                     # expert to two slots
@@ -293,7 +268,7 @@ class ExpertStore:
         self._clock += 1
         return self._clock
 
-    def _check_id(self, lay: _Layer, e: int) -> None:
+    def _check_id(self, lay: Layer, e: int) -> None:
         if not 0 <= e < lay.num_experts:
             raise ValueError(f"expert id {e} out of range 0..{lay.num_experts - 1}")
         if not self.owns(e):
@@ -301,37 +276,7 @@ class ExpertStore:
                              f"(this one holds {self.owned.start}..{self.owned.stop - 1})")
 
     @staticmethod
-    def _victim(lay: _Layer) -> Optional[int]:
-        """A demand load's slot: a FREE one, else the least recently used unpinned one."""
-        best, best_use = None, None
-        for j, s in enumerate(lay.slots):
-            if s.state == FREE:
-                return j
-            if s.state == RESIDENT and s.pins == 0 and (best_use is None or s.last_use < best_use):
-                best, best_use = j, s.last_use
-        return best
-
-    @staticmethod
-    def _victim_scored(lay: _Layer, wanted: set, keep: set, scores: Dict[int, float],
-                       score: float) -> Optional[int]:
-        """A FREE slot, else the unpinned RESIDENT slot of least worth (unscored and
-        unprotected: nothing; unscored and protected: infinite; else its score; ties: least
-        recently used) if `score` is SWAP_MARGIN times its worth; never one of `wanted`.
-        Without scores: the least recently used slot outside `keep`."""
-        best, best_key = None, None
-        for j, s in enumerate(lay.slots):
-            if s.state == FREE:
-                return j
-            if s.state != RESIDENT or s.pins or s.expert in wanted:
-                continue
-            worth = scores.get(s.expert, float("inf") if s.expert in keep else float("-inf"))
-            key = (worth, s.last_use)
-            if worth * SWAP_MARGIN < score and (best_key is None or key < best_key):
-                best, best_key = j, key
-        return best
-
-    @staticmethod
-    def _pin_mapped(lay: _Layer, layer: int, e: int, slot_of: Dict[int, int],
+    def _pin_mapped(lay: Layer, layer: int, e: int, slot_of: Dict[int, int],
                     demand: List[tuple]) -> None:
         """Pin the slot `e` is mapped to; take over its load if no thread started it."""
         j = lay.where[e]
@@ -345,7 +290,7 @@ class ExpertStore:
                 demand.append((layer, j, e))
         slot_of[e] = j
 
-    def _claim(self, lay: _Layer, j: int, e: int) -> None:
+    def _claim(self, lay: Layer, j: int, e: int) -> None:
         slot = lay.slots[j]
         if slot.state == RESIDENT:
             del lay.where[slot.expert]

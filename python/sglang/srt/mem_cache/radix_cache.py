@@ -19,6 +19,7 @@ import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import (BasePrefixCache, CacheHandle, Key,
                                                     MatchResult, as_key)
+from sglang.srt.mem_cache.radix_integrity import check_radix_integrity
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.memory_pool import TokenSlotAllocator
@@ -357,54 +358,4 @@ class RadixCache(BasePrefixCache):
         self._init_tree()
 
     def check_integrity(self) -> None:
-        def check(cond: bool, msg: str) -> None:
-            if not cond:  # explicit raise: still checked under python -O
-                raise AssertionError(f"radix cache integrity: {msg}")
-
-        root = self.root
-        check(not root.key and root.lock_ref == 1 and root.parent is None, "bad root")
-        sizes = {"evictable": 0, "protected": 0, "draft_evictable": 0, "draft_protected": 0}
-        values, drafts, leaves = [], [], set()
-        for node in self.nodes():
-            n = len(node.key)
-            check(n > 0 and node.value.dtype == torch.int64 and node.value.shape == (n,),
-                  f"node {node.id}: key of {n} tokens, value of shape {tuple(node.value.shape)}")
-            check(node.parent is not None and node.parent.children.get(node.key[0]) is node,
-                  f"node {node.id} is not its parent's child under its first token")
-            expect = node.handle_locks + sum(c.lock_ref for c in node.children.values())
-            check(node.lock_ref == expect and node.handle_locks >= 0,
-                  f"node {node.id}: lock_ref {node.lock_ref} != own {node.handle_locks} + "
-                  f"children's {expect - node.handle_locks}")
-            check(node.last_access_time <= self._clock, f"node {node.id}: access time ahead")
-            kind = "protected" if node.lock_ref > 0 else "evictable"
-            sizes[kind] += n
-            values.append(node.value)
-            if node.draft_value is not None:
-                check(self.draft_allocator is not None, "draft slots without a draft allocator")
-                check(node.draft_value.dtype == torch.int64 and node.draft_value.shape == (n,),
-                      f"node {node.id}: draft value shape {tuple(node.draft_value.shape)} "
-                      f"for {n} tokens")
-                check(node.parent is root or node.parent.draft_value is not None,
-                      f"node {node.id} has draft slots but its parent has none")
-                sizes["draft_" + kind] += n
-                drafts.append(node.draft_value)
-            if not node.children and node.lock_ref == 0:
-                leaves.add(node)
-        counted = {"evictable": self._evictable, "protected": self._protected,
-                   "draft_evictable": self._draft_evictable,
-                   "draft_protected": self._draft_protected}
-        check(sizes == counted, f"counters {counted} != recount {sizes}")
-        check(leaves == self._evictable_leaves,
-              f"{len(self._evictable_leaves)} evictable leaves tracked, {len(leaves)} found")
-        for name, parts, alloc in (("target", values, self.allocator),
-                                   ("draft", drafts, self.draft_allocator)):
-            if not parts:
-                continue
-            slots = torch.cat(parts)
-            check(int(slots.unique().numel()) == int(slots.numel()),
-                  f"a {name} slot appears twice in the tree")
-            check(int(slots.min()) >= 1 and int(slots.max()) <= alloc.size,
-                  f"a {name} slot is outside 1..{alloc.size}")
-            free = alloc.free_slots()
-            check(not bool(torch.isin(slots, free).any()),
-                  f"a {name} slot held by the tree is free in the allocator")
+        check_radix_integrity(self)

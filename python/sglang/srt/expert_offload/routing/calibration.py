@@ -8,7 +8,7 @@ source, layer, predicted rank) learns online how often the expert ranked there i
 is then routed to. A row then says P(row uses e); the pass uses e with P = 1 - prod over its
 rows of (1 - P(row uses e)); the prefetch fetches the experts with P at or above a cut,
 likeliest first, and keeps those above half the cut from eviction, with P as the score the
-store's swaps compare (store.SWAP_MARGIN).
+store's swaps compare (slots.SWAP_MARGIN).
 
 Rates are shrunk toward the same source's rate over all layers, and that toward a fixed prior
 (top-k ranks mostly right), so a new server cuts sensibly from its first step.
