@@ -123,7 +123,9 @@ class AskedModel(Drafter):
 
 def test_draft_model_sits_out_while_ngrams_carry_the_text() -> None:
     """Once the n-grams carry a request (model weight at the floor), the draft model is
-    asked only every `probe_every` steps; a request with no n-gram match always asks it."""
+    asked only in probes, the first after `probe_every` steps and each wait twice the last
+    (a probe that finds nothing costs a draft step); a request with no n-gram match always
+    asks it."""
     from types import SimpleNamespace
 
     from sglang.srt.speculative.drafters.hybrid import HybridDrafter
@@ -143,11 +145,11 @@ def test_draft_model_sits_out_while_ngrams_carry_the_text() -> None:
     fresh = SimpleNamespace(rid="fresh", fill_ids=[1, 2, 3, 4], cached_tokens=0)
     for _ in range(30):
         hybrid.weights.setdefault("copied", DrafterWeights()).update({"ngram": 4, "model": 0})
-    for _ in range(8):
+    for _ in range(28):
         hybrid.propose([copied, fresh], [5, 5])
-    asked_copied = sum("copied" in a for a in model.asked)
-    assert asked_copied == 2  # probes on steps 4 and 8 only
-    assert all("fresh" in a for a in model.asked) and len(model.asked) == 8
+    probes = [k + 1 for k, a in enumerate(model.asked) if "copied" in a]
+    assert probes == [4, 12, 28]  # waits of 4, 8, 16 steps
+    assert all("fresh" in a for a in model.asked) and len(model.asked) == 28
 
 
 def test_draft_model_sits_out_while_it_only_repeats_the_ngrams() -> None:

@@ -15,11 +15,12 @@ is copied from its document leans on n-grams and prose on the draft model. Verif
 the same as for any tree (verify.py), so the merge never changes the output distribution.
 
 Skipping the draft model: its forwards are the step's only drafting cost, so it sits out
-(probed every few steps) while it adds nothing the n-grams did not propose: the EMA of
-accepted nodes only it proposed is under `min_unique` tokens a verify. Shared credit alone
-cannot tell that: while a passage is quoted both drafters propose the same tokens. And it
-sits out while the n-grams are plainly quoting (a long backward match, a deep likely path),
-before its EMA could show it.
+while it adds nothing the n-grams did not propose: the EMA of accepted nodes only it
+proposed is under `min_unique` tokens a verify. It is probed after a few steps, a wait that
+doubles after each probe that does not bring it back (a probe costs a draft-model step).
+Shared credit alone cannot tell that: while a passage is quoted both drafters propose the
+same tokens. And it sits out while the n-grams are plainly quoting (a long backward match, a
+deep likely path), before its EMA could show it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class DrafterWeights:
     alpha: float = 0.3
     floor: float = 0.05  # a drafter out of favour still gets a few nodes: it can come back
     skipped: int = 0  # steps the draft model sat out in a row
+    probe_wait: int = 0  # steps between its probes now (0: the drafter's probe_every)
     # accepted nodes a verify that only the draft model proposed (what it adds to n-grams)
     model_unique: float = 1.0
 
@@ -114,7 +116,8 @@ class HybridDrafter(Drafter):
         self.ngram, self.model = ngram, model
         self.min_unique = min_unique  # tokens a verify the draft model must add to be asked
         self.draft_kv = model.draft_kv  # the draft model's KV hangs off the radix cache
-        self.probe_every = probe_every  # steps between draft-model probes while skipped
+        self.probe_every = probe_every  # steps to the first draft-model probe while skipped
+        self.max_probe_wait = 8 * probe_every  # doubling after each probe that found nothing
         self.weights: Dict[str, DrafterWeights] = {}
         self.origins: Dict[str, List[frozenset]] = {}  # rid -> origins of its last tree
         self.last_weights: Dict[str, DrafterWeights] = {}  # of released requests (bounded)
@@ -161,11 +164,13 @@ class HybridDrafter(Drafter):
         if w is None:
             return True
         if w.weights()["model"] > 2 * w.floor and w.model_unique >= self.min_unique:
-            w.skipped = 0
+            w.skipped, w.probe_wait = 0, self.probe_every
             return True
         w.skipped += 1
-        if w.skipped >= self.probe_every:
-            w.skipped = 0
+        wait = w.probe_wait or self.probe_every
+        if w.skipped >= wait:
+            # a probe that does not bring the model back doubles the wait to the next one
+            w.skipped, w.probe_wait = 0, min(2 * wait, self.max_probe_wait)
             return True
         return False
 
