@@ -88,7 +88,7 @@ def main() -> None:
     prompts = train_prompts(tok, heads[0], a.train_prompts)
     prompts.update({p["name"]: p["ids"] for p in eval_prompts(tok)
                     if len(p["ids"]) <= a.max_doc_tokens + 512})
-    settings = {"chain 3": (3, 1, None), "default tree": (None, None, None)}
+    settings = {"chain 3": (3, 1, None)}
     result = {"target": a.target, "machine": machine_info(), "new_tokens": a.new_tokens,
               "command": " ".join(sys.argv), "heads": {}}
     for head in heads:
