@@ -1,8 +1,8 @@
 """Tokens per verify of EAGLE-3 heads on text they trained on and on the held-out set: how
 far a head generalises (the learning curve between heads trained on more data).
 
-Each head drafts through the engine (bf16 target, greedy, a chain of `--steps` and the
-server's default tree), with the cost model and the fallback off so that every step
+Each head drafts through the engine (bf16 target, greedy, a chain of 3 tokens: the head's
+own quality, no tree), with the cost model and the fallback off so that every step
 speculates: the accept length then depends on the drafts and the answer only, not on the
 VM's timing. Prompts: the held-out evaluation's (benchmark/spec_eval/eval_set.py, up to
 `--max-doc-tokens`) and `--train-prompts` of the head's own self-generated chat samples
@@ -59,9 +59,8 @@ def accept_lengths(target: str, head: str, prompts: Dict[str, List[int]], steps:
         speculative_eagle_topk=topk, speculative_num_draft_tokens=draft_tokens,
         speculative_disable_cost_model=True, speculative_fallback_threshold=0.0,
         disable_radix_cache=True))
-    names = list(prompts)
     out = {}
-    for name in names:  # one at a time: batch 1 as in the evaluation
+    for name in prompts:  # one at a time: batch 1 as in the evaluation
         got = run(sched, [prompts[name]], [dict(max_new_tokens=new_tokens, temperature=0.0,
                                                 ignore_eos=True)])
         out[name] = round(got["0"][1].extra_meta["spec_accept_length"], 3)

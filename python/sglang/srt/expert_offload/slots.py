@@ -53,8 +53,9 @@ def victim(lay: Layer) -> Optional[int]:
             best, best_use = j, s.last_use
     return best
 
+
 def victim_scored(lay: Layer, wanted: set, keep: set, scores: Dict[int, float],
-                   score: float) -> Optional[int]:
+                  score: float) -> Optional[int]:
     """A FREE slot, else the unpinned RESIDENT slot of least worth (unscored and
     unprotected: nothing; unscored and protected: infinite; else its score; ties: least
     recently used) if `score` is SWAP_MARGIN times its worth; never one of `wanted`.

@@ -16,11 +16,11 @@ the same as for any tree (verify.py), so the merge never changes the output dist
 
 Skipping the draft model: its forwards are the step's only drafting cost, so it sits out
 while it adds nothing the n-grams did not propose: the EMA of accepted nodes only it
-proposed is under `min_unique` tokens a verify. It is probed after a few steps, a wait that
-doubles after each probe that does not bring it back (a probe costs a draft-model step).
-Shared credit alone cannot tell that: while a passage is quoted both drafters propose the
-same tokens. And it sits out while the n-grams are plainly quoting (a long backward match, a
-deep likely path), before its EMA could show it.
+proposed is under `min_unique` tokens a verify. Shared credit alone cannot tell that: while
+a passage is quoted both drafters propose the same tokens. And it sits out while the n-grams
+are plainly quoting (a long backward match, a deep likely path), before its EMA could show
+it. While it sits out it is probed after a few steps, a wait that doubles after each probe
+that does not bring it back (a probe costs a draft-model step).
 """
 
 from __future__ import annotations
