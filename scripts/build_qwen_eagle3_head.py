@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
-from sglang.eagle_train.trainer import TrainConfig, train  # noqa: E402
+from sglang.eagle_train.trainer import TrainConfig, resolve_device, train  # noqa: E402
 from sglang.test import real_assets  # noqa: E402
 
 HELD_OUT = {"dora", "cra", "license_esri"}  # the held-out eval's documents
@@ -35,6 +35,9 @@ def main(argv=None) -> int:
                     help="excerpts per training document answered by the target itself in the "
                          "chat template and trained on beside the raw texts "
                          "(sglang/eagle_train/selfgen.py); 0: raw texts only")
+    ap.add_argument("--device", default="auto",
+                    help="auto (a GPU where torch sees one), cpu or cuda: the answers, the "
+                         "features and the training")
     ap.add_argument("--output-dir", default=os.path.expanduser(
         "~/.cache/sglang-fork/heads/qwen2.5-coder-0.5b-eagle3"))
     a = ap.parse_args(argv)
@@ -59,11 +62,12 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         generate_answers(target, [os.path.join(legal, n + ".txt") for n in train_docs],
                          os.path.join(corpus, "chat"), excerpt_tokens=256,
-                         excerpts_per_doc=a.chat_answers)
+                         excerpts_per_doc=a.chat_answers, device=resolve_device(a.device))
         gen_seconds = round(time.perf_counter() - t0, 1)
     summary = train(TrainConfig(target, corpus, a.output_dir, max_steps=a.max_steps,
                                 seq_len=a.seq_len, max_sequences=a.max_sequences,
-                                draft_vocab_size=a.draft_vocab_size, save_every=50))
+                                draft_vocab_size=a.draft_vocab_size, save_every=50,
+                                device=a.device))
     summary["train_documents"] = train_docs
     summary["chat_answers_per_document"] = a.chat_answers
     summary["chat_answer_seconds"] = gen_seconds

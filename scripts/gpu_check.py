@@ -4,7 +4,8 @@
 2. each Triton kernel against its torch reference (median of CUDA-event timings);
 3. the engine end to end on a random Llama built here (no hub, no tokenizer needed):
    greedy output of the GPU engine (triton backend; plain, NGRAM, STANDALONE) against the
-   CPU engine (torch_native) in float32, then decode tokens/s in bfloat16.
+   CPU engine (torch_native) in float32, then decode tokens/s in bfloat16;
+4. the expert store and prefetch on the device (gpu_check_moe.py).
 Prints one table; `--json PATH` also writes the rows.
 """
 
@@ -21,6 +22,8 @@ import traceback
 from typing import Callable, Dict, List
 
 import torch
+
+from gpu_check_moe import moe_prefetch_checks  # scripts/ is on sys.path when run
 
 ROWS: List[Dict] = []
 DEV = "cuda"
@@ -273,90 +276,6 @@ def engine_checks() -> None:
             row(f"engine decode tok/s bf16 {name}", "ERROR", note=f"{type(e).__name__}: {e}"[:120])
 
 
-def build_random_mixtral(path: str) -> str:
-    """A random Mixtral (8 experts, top-2) for the expert store and prefetch on the device."""
-    from transformers import AutoModelForCausalLM, MixtralConfig
-
-    big = not SMOKE
-    cfg = MixtralConfig(vocab_size=32000, hidden_size=1024 if big else 64,
-                        intermediate_size=2048 if big else 96, num_hidden_layers=8 if big else 2,
-                        num_attention_heads=16 if big else 4, num_key_value_heads=4 if big else 2,
-                        num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=8192,
-                        rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-                        tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.08 * torch.randn_like(p))
-    model.save_pretrained(path, safe_serialization=True)
-    return path
-
-
-def moe_prefetch_checks() -> None:
-    """Issue 7 on the device: the expert store with half the experts resident (pinned host
-    memory -> device copies on the store's own stream), speculative decoding (the model
-    drafting for itself, chain of 3) with prefetch off and with the `draft` predictor.
-    Greedy output must equal all-resident decoding; reported: decode tok/s, mean verify
-    pass, in-time recall and the store's stall time."""
-    from sglang.test.scheduler_driver import greedy, run
-
-    dev = "cpu" if SMOKE else "cuda"
-    model_dir = build_random_mixtral(tempfile.mkdtemp(prefix="gpu_check_mixtral_"))
-    spec = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=model_dir,
-                speculative_num_steps=3, speculative_eagle_topk=1,
-                speculative_num_draft_tokens=4)
-    backend = "torch_native" if SMOKE else "triton"
-    ps, n = _prompts(2, 5, base_len=16 if SMOKE else 64), 8 if SMOKE else 48
-    try:
-        ref = run(_sched(model_dir, dev, "float32", attention_backend=backend, **spec), ps,
-                  [greedy(n)] * len(ps))
-    except Exception as e:
-        traceback.print_exc()
-        row("moe prefetch: all-resident reference", "ERROR", note=f"{type(e).__name__}: {e}"[:120])
-        return
-    # draft+prune: budget-aware trees price every tree on the device's tensors;
-    # draft/p0.4: the calibrated cut scores each verify's device-side routing on the host
-    for arm in ("none", "draft", "draft+prune", "draft/p0.4"):
-        pred = arm.split("+")[0].split("/")[0]
-        min_prob = float(arm.split("/p")[1]) if "/p" in arm else 0.0
-        try:
-            sched = _sched(model_dir, dev, "float32", attention_backend=backend,
-                           moe_expert_cache_slots=4, moe_prefetch_predictor=pred,
-                           moe_prefetch_disable_gate=True,
-                           moe_prefetch_prune_tree=arm.endswith("prune"),
-                           moe_prefetch_min_prob=min_prob, **spec)
-            verify = []
-            inner = sched.runner.forward
-
-            def timed(fb, inner=inner, verify=verify):
-                t0 = time.perf_counter()
-                out = inner(fb)
-                if fb.forward_mode.name == "TARGET_VERIFY":
-                    verify.append(time.perf_counter() - t0)
-                return out
-
-            sched.runner.forward = timed
-            t0 = time.perf_counter()
-            got = run(sched, ps, [greedy(n)] * len(ps))
-            secs = time.perf_counter() - t0
-            same = sum(got[r][0] == ref[r][0] for r in ref)
-            state = sched.moe_state()
-            store = state["moe_expert_store"]["total"]
-            figs = state.get("moe_prefetch", {}).get("total", {})
-            sched.check_all_free()
-            sched.runner.model.expert_store.close()
-            note = (f"{same}/{len(ref)} equal, {len(ps) * n / secs:.0f} tok/s, verify "
-                    f"{1e3 * sum(verify) / max(1, len(verify)):.1f} ms, stall "
-                    f"{store['stall_seconds']:.2f} s, hit {store['hit_rate']:.2f}"
-                    + (f", recall {figs['recall']:.2f}" if "recall" in figs else ""))
-            row(f"moe prefetch {arm}, 4 of 8 experts resident, fp32 spec chain 3",
-                "PASS" if same == len(ref) else "FAIL", note=note)
-        except Exception as e:
-            traceback.print_exc()
-            row(f"moe prefetch {arm}", "ERROR", note=f"{type(e).__name__}: {e}"[:120])
-
-
 def print_table(pytest_summary: str) -> None:
     if pytest_summary and os.path.exists(pytest_summary):
         for line in open(pytest_summary).read().splitlines():
@@ -398,7 +317,8 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_timeout)
     stages = [("kernels", lambda: bench_kernels(copy_bandwidth())), ("moe", bench_moe),
-              ("engine", engine_checks), ("prefetch", moe_prefetch_checks)]
+              ("engine", engine_checks),
+              ("prefetch", lambda: moe_prefetch_checks(row, _sched, _prompts, SMOKE))]
     for name, stage in stages:
         if name in skip:
             continue

@@ -2,7 +2,7 @@
 # GPU check of the Triton path, in one go (< 8 minutes on an H200):
 #   1. installs what it needs from wheels carried in the repo (.whl/*.whl; no registry);
 #   2. runs the kernel tests on the GPU (attention, fused MoE when its test exists, and the
-#      triton backend's layer-level tests);
+#      triton backend's layer-level tests) and the EAGLE-3 trainer's tests (on the GPU);
 #   3. scripts/gpu_check_server.py: the shipped server on --device cuda (tiny Llama, Mixtral
 #      with 2 of 8 experts resident and prefetch, DeepSeek-V2 MLA, SmolLM2-135M; plain,
 #      NGRAM, STANDALONE chain and tree) against a CPU float32 server, decode tok/s;
@@ -61,6 +61,8 @@ if [ -f test/kernel/test_fused_moe.py ]; then
     run_pytest fused_moe 100 test/kernel/test_fused_moe.py
 fi
 run_pytest triton_backend 80 test/srt/test_triton_backend.py
+# the EAGLE-3 trainer on the GPU (--device auto picks it): features, training, round trip
+run_pytest eagle3_trainer 60 test/srt/speculative/test_eagle3_trainer.py -m "not slow"
 
 # 3 + 4. Timings and the engine; the table is the last thing printed.
 # 3. the shipped server on --device cuda against a CPU float32 server (no patches), rows

@@ -5,8 +5,8 @@
 
 The output folder serves as `--speculative-algorithm EAGLE3 --speculative-draft-model-path
 DIR`. Rerunning the same command resumes (features already dumped are kept; training goes
-on from the last checkpoint up to --max-steps). Runs on CPU (small targets); the design
-is in python/sglang/eagle_train/.
+on from the last checkpoint up to --max-steps). Runs on a GPU where torch sees one, else on
+the CPU (small targets); `--device` picks. The design is in python/sglang/eagle_train/.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--aux-layers", type=str, default=None,
                    help="three target layer ids, e.g. 1,11,20 (default: upstream's rule)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto",
+                   help="where the target and the head run: auto (a GPU where torch sees one), "
+                        "cpu, cuda, cuda:N")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     layers = [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else None
@@ -40,7 +43,7 @@ def main(argv=None) -> int:
                       seq_len=a.seq_len, max_sequences=a.max_sequences,
                       draft_vocab_size=a.draft_vocab_size, ttt_steps=a.ttt_steps, lr=a.lr,
                       save_every=a.save_every, aux_layers=layers, seed=a.seed,
-                      progress=not a.no_progress)
+                      progress=not a.no_progress, device=a.device)
     print(json.dumps(train(cfg), indent=1))
     return 0
 

@@ -67,8 +67,8 @@ def dump_features(runner: TinyRunner, target_path: str, sequences: Sequence[Sequ
             parts = {i: got[:, n * width: (n + 1) * width] for n, i in enumerate(capture)}
             tensors[f"{j}.ids"] = torch.tensor(seq, dtype=torch.int64)
             # bfloat16 on disk: half the bytes, features a head reads rounded anyway
-            tensors[f"{j}.aux"] = torch.cat([parts[i] for i in layers], -1).bfloat16()
-            tensors[f"{j}.last"] = parts[last].bfloat16().contiguous()
+            tensors[f"{j}.aux"] = torch.cat([parts[i] for i in layers], -1).bfloat16().cpu()
+            tensors[f"{j}.last"] = parts[last].bfloat16().contiguous().cpu()
             runner.release()
         tmp = shard_path(folder, k) + ".tmp"
         save_file(tensors, tmp)
@@ -79,11 +79,12 @@ def dump_features(runner: TinyRunner, target_path: str, sequences: Sequence[Sequ
 
 
 def iter_shard(folder: str, k: int) -> Iterator[tuple]:
-    """(ids, aux, last) of each sequence in shard k."""
+    """(ids, aux, last) of each sequence in shard k, features in bfloat16 as stored (half
+    the memory of float32 for a corpus held whole; the trainer widens one at a time)."""
     t = load_file(shard_path(folder, k))
     n = sum(1 for name in t if name.endswith(".ids"))
     for j in range(n):
-        yield t[f"{j}.ids"], t[f"{j}.aux"].float(), t[f"{j}.last"].float()
+        yield t[f"{j}.ids"], t[f"{j}.aux"], t[f"{j}.last"]
 
 
 def _bar(total: int, initial: int, show: bool):

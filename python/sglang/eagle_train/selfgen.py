@@ -46,7 +46,8 @@ def chat_samples(tokenizer, documents: Sequence[str], excerpt_tokens: int,
 
 def generate_answers(target_path: str, documents: Sequence[str], out_dir: str,
                      excerpt_tokens: int = 384, excerpts_per_doc: int = 3,
-                     new_tokens: int = 160, dtype: str = "bfloat16") -> List[str]:
+                     new_tokens: int = 160, dtype: str = "bfloat16",
+                     device: str = "cpu") -> List[str]:
     """Write `<doc>_<k>.txt` (the prompt and the target's greedy answer, as text) into
     `out_dir` for every sample not already there (a rerun resumes); returns the files."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
@@ -62,7 +63,8 @@ def generate_answers(target_path: str, documents: Sequence[str], out_dir: str,
     if todo:
         longest = max(len(s["ids"]) for s in todo) + new_tokens + 16
         sched = Scheduler(ServerArgs(model_path=target_path, dtype=dtype, context_length=longest,
-                                     max_total_tokens=16 * longest, max_running_requests=16))
+                                     max_total_tokens=16 * longest, max_running_requests=16,
+                                     device=device))
         for s in todo:
             params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
             params.normalize()

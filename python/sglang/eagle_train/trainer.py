@@ -50,6 +50,17 @@ class TrainConfig:
     aux_layers: Optional[List[int]] = None  # None: upstream's default for the target
     seed: int = 0
     progress: bool = True
+    device: str = "auto"  # "auto": the GPU where torch sees one, else the CPU
+
+
+def resolve_device(name: str) -> str:
+    """"auto" -> "cuda" where torch sees a GPU, else "cpu"; others as given (checked)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: torch sees no CUDA device here (install the CUDA "
+                         "build of torch, or pass --device cpu)")
+    return name
 
 
 def head_config(target, layers: List[int], draft_vocab: int) -> Dict:
@@ -98,7 +109,7 @@ def upstream_tensors(head: LlamaForCausalLMEagle3, t2d: torch.Tensor) -> Dict[st
     out.update({"midlayer.self_attn.q_proj.weight": q, "midlayer.self_attn.k_proj.weight": k,
                 "midlayer.self_attn.v_proj.weight": v, "midlayer.mlp.gate_proj.weight": gate,
                 "midlayer.mlp.up_proj.weight": up, "d2t": head.d2t.clone(), "t2d": t2d})
-    return {n: t.contiguous().clone() for n, t in out.items()}
+    return {n: t.detach().cpu().contiguous().clone() for n, t in out.items()}
 
 
 def save_head(folder: str, head: LlamaForCausalLMEagle3, config: Dict, t2d: torch.Tensor) -> None:
@@ -115,12 +126,13 @@ def save_head(folder: str, head: LlamaForCausalLMEagle3, config: Dict, t2d: torc
 def train(cfg: TrainConfig) -> Dict:
     """Returns a summary: sequences, shards, seconds for data and training, last losses."""
     torch.manual_seed(cfg.seed)
+    dev = resolve_device(cfg.device)
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(cfg.target_model_path)
     sequences = token_sequences(tokenizer, cfg.corpus, cfg.seq_len, cfg.max_sequences)
     longest = max(len(s) for s in sequences)
     runner = TinyRunner(cfg.target_model_path, dtype="float32", max_reqs=1,
-                        max_context=longest + 8, kv_slots=longest + 8)
+                        max_context=longest + 8, kv_slots=longest + 8, device=dev)
     target = runner.config
     layers = aux_hidden_layers(
         SimpleNamespace(eagle_config={"eagle_aux_hidden_state_layer_ids": cfg.aux_layers}),
@@ -142,11 +154,12 @@ def train(cfg: TrainConfig) -> Dict:
     head = LlamaForCausalLMEagle3(LlamaConfig(**{k: v for k, v in config.items()
                                                  if k != "architectures"})).float()
     _init_head(head, norm_w, lm_rows, d2t, cfg.seed)
+    head.to(dev)  # initialised on the CPU first: the same head from one seed on any device
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     state_path = os.path.join(cfg.output_dir, "trainer_state.pt")
     step = 0
     if os.path.exists(state_path):
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location=dev)
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
@@ -160,7 +173,8 @@ def train(cfg: TrainConfig) -> Dict:
     while step < cfg.max_steps:
         if step % len(order) == 0:
             rng.shuffle(order)
-        ids, aux, last = data[order[step % len(order)]]
+        ids, aux, last = (t.to(dev) for t in data[order[step % len(order)]])
+        aux, last = aux.float(), last.float()
         with torch.no_grad():
             x = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + eps) * norm_w
             target_p = torch.softmax(F.linear(x, lm_rows), -1)
@@ -184,7 +198,7 @@ def train(cfg: TrainConfig) -> Dict:
     if not os.path.exists(os.path.join(cfg.output_dir, "model.safetensors")):
         save_head(cfg.output_dir, head, config, t2d)  # resumed at max_steps: still a head
     recent = history[-20:]
-    summary = {"sequences": len(sequences), "shards": shards,
+    summary = {"device": dev, "sequences": len(sequences), "shards": shards,
                "tokens": sum(len(s) for s in sequences), "draft_vocab_size": len(draft_ids),
                "aux_layers": layers, "steps": step, "data_seconds": round(data_seconds, 1),
                "train_seconds": round(time.perf_counter() - t1, 1),

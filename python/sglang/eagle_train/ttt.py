@@ -54,21 +54,22 @@ def unroll(head: LlamaForCausalLMEagle3, embed: torch.Tensor, ids: torch.Tensor,
     q_size, kv_size = heads * hd, kv_heads * hd
     group = heads // kv_heads
     scale = hd ** -0.5
-    causal = torch.ones(rows, rows, dtype=torch.bool).tril()
+    dev = aux.device
+    causal = torch.ones(rows, rows, dtype=torch.bool, device=dev).tril()
     hidden = _linear(aux[:rows], head.fc)  # step 0 reads the target's features
     keys: List[torch.Tensor] = []  # [heads, rows, hd] per step (GQA repeated)
     values: List[torch.Tensor] = []
     losses, accs = [], []
-    total = torch.zeros(())
+    total = torch.zeros((), device=dev)
     for k in range(steps):
         valid = rows - k  # rows whose token i + 1 + k and label exist
         if valid <= 0:
             break
-        tok = torch.zeros(rows, dtype=torch.int64)
+        tok = torch.zeros(rows, dtype=torch.int64, device=dev)
         tok[:valid] = ids[1 + k: 1 + k + valid]
         x = torch.cat([_rms(embed[tok], layer.input_layernorm), _rms(hidden, layer.hidden_norm)], -1)
         q, kk, v = _linear(x, attn.qkv_proj).split([q_size, kv_size, kv_size], -1)
-        pos = torch.arange(rows) + k
+        pos = torch.arange(rows, device=dev) + k
         cos_sin = head.rotary_emb.cos_sin(pos, q.dtype)
         q = apply_rotary(q, cos_sin, heads, hd).view(rows, heads, hd).transpose(0, 1)
         kk = apply_rotary(kk, cos_sin, kv_heads, hd).view(rows, kv_heads, hd).transpose(0, 1)

@@ -23,18 +23,23 @@ from sglang.srt.model_loader.loader import load_model
 class TinyRunner:
     def __init__(self, model_path: Optional[str], dtype: Union[str, torch.dtype] = "float32",
                  max_reqs: int = 4, max_context: int = 1024, kv_slots: int = 4096,
-                 model: Optional[torch.nn.Module] = None, config=None) -> None:
-        """`model` + `config`: drive a module built elsewhere (a draft head) instead."""
+                 model: Optional[torch.nn.Module] = None, config=None,
+                 device: str = "cpu") -> None:
+        """`model` + `config`: drive a module built elsewhere (a draft head) instead.
+        `device`: where the weights, pools and batches live (the trainer's features on a
+        GPU); off the CPU the backend takes its device-agnostic path."""
         if model is None:
-            self.model, self.config = load_model(model_path, dtype=dtype)
+            self.model, self.config = load_model(model_path, dtype=dtype, device=device)
         else:
             self.model, self.config = model, config
+        self.device = device
         self.dtype = next(self.model.parameters()).dtype
         cfg = self.config
-        self.req_pool = ReqToTokenPool(max_reqs, max_context)
-        self.allocator = TokenSlotAllocator(kv_slots)
+        self.req_pool = ReqToTokenPool(max_reqs, max_context, device=device)
+        self.allocator = TokenSlotAllocator(kv_slots, device=device)
         # the latent pool for MLA, else this TP rank's KV heads (all of them without TP)
-        self.kv_pool = create_kv_pool(cfg, kv_slots, self.dtype, tp_size=tp_group().size)
+        self.kv_pool = create_kv_pool(cfg, kv_slots, self.dtype, device=device,
+                                      tp_size=tp_group().size)
         self.backend = TorchNativeAttnBackend()
         self.rows: List[int] = []  # req_to_token row of each running request
         self.lens: List[int] = []  # tokens already in KV, per running request
@@ -98,23 +103,25 @@ class TinyRunner:
         for row, prefix, ext in zip(self.rows, self.lens, ext_lens):
             self.req_pool.write(row, prefix, out_loc[start : start + ext])
             start += ext
-        input_ids = torch.tensor([t for c in chunks for t in c], dtype=torch.int64)
-        positions = torch.cat([torch.arange(n, s) for n, s in zip(self.lens, seq_lens)])
+        dev = self.device
+        input_ids = torch.tensor([t for c in chunks for t in c], dtype=torch.int64, device=dev)
+        positions = torch.cat([torch.arange(n, s, device=dev)
+                               for n, s in zip(self.lens, seq_lens)])
         fb = ForwardBatch(
             forward_mode=mode,
             batch_size=len(chunks),
             input_ids=input_ids,
             positions=positions,
-            req_pool_indices=torch.tensor(self.rows, dtype=torch.int64),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-            extend_seq_lens=torch.tensor(ext_lens, dtype=torch.int64),
+            req_pool_indices=torch.tensor(self.rows, dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            extend_seq_lens=torch.tensor(ext_lens, dtype=torch.int64, device=dev),
             out_cache_loc=out_loc,
             req_to_token_pool=self.req_pool,
             token_to_kv_pool=self.kv_pool,
             attn_backend=self.backend,
             seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=ext_lens,
-            logits_indices=torch.arange(total) if all_logits else None,
+            logits_indices=torch.arange(total, device=dev) if all_logits else None,
             capture_layers=capture_layers,
         )
         self.last_batch = fb

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from sglang.eagle_train.trainer import TrainConfig, train
+from sglang.eagle_train.trainer import TrainConfig, resolve_device, train
 from sglang.eagle_train.ttt import unroll
 from sglang.srt.model_executor.forward_batch import ForwardMode
 from sglang.srt.models.llama_eagle3 import load_eagle3_head
@@ -87,6 +87,7 @@ def test_checkpoint_format_round_trip_and_resume(tiny_llama_dir, tmp_path):
                       draft_vocab_size=128, aux_layers=[0, 1, 2], progress=False)
     first = train(cfg)
     assert first["steps"] == 3
+    assert first["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # "auto"
     with safe_open(os.path.join(out, "model.safetensors"), framework="pt") as f:
         assert set(f.keys()) == UPSTREAM_TENSORS
         d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
@@ -108,6 +109,18 @@ def test_checkpoint_format_round_trip_and_resume(tiny_llama_dir, tmp_path):
     again = train(TrainConfig(**{**cfg.__dict__, "max_steps": 5}))
     assert again["steps"] == 5  # went on from step 3
     assert os.path.getmtime(shard) == stamp  # the features were not dumped again
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: cuda is valid")
+def test_asking_for_a_gpu_where_there_is_none_says_what_to_change(tiny_llama_dir, tmp_path):
+    with pytest.raises(ValueError, match="--device cpu"):
+        resolve_device("cuda")
+    cfg = TrainConfig(tiny_llama_dir, _corpus(tmp_path / "c.txt", lines=20), str(tmp_path / "h"),
+                      max_steps=1, seq_len=64, draft_vocab_size=64, aux_layers=[0, 1, 2],
+                      progress=False, device="cuda:0")
+    with pytest.raises(ValueError, match="no CUDA device"):
+        train(cfg)
+    assert not os.path.exists(str(tmp_path / "h" / "features"))  # failed before any work
 
 
 @pytest.mark.slow
