@@ -108,7 +108,7 @@ def upstream_tensors(head: LlamaForCausalLMEagle3, t2d: torch.Tensor) -> Dict[st
         out[name] = p.detach()
     out.update({"midlayer.self_attn.q_proj.weight": q, "midlayer.self_attn.k_proj.weight": k,
                 "midlayer.self_attn.v_proj.weight": v, "midlayer.mlp.gate_proj.weight": gate,
-                "midlayer.mlp.up_proj.weight": up, "d2t": head.d2t.clone(), "t2d": t2d})
+                "midlayer.mlp.up_proj.weight": up, "d2t": head.d2t, "t2d": t2d})
     return {n: t.detach().cpu().contiguous().clone() for n, t in out.items()}
 
 
