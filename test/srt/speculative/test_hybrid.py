@@ -212,6 +212,76 @@ def test_held_back_requests_get_ngram_trees_without_the_model() -> None:
     hybrid.check_all_free()
 
 
+def test_a_tree_holds_the_ngrams_own_rows_plus_the_draft_models_nodes() -> None:
+    """With the draft model asked, a request's tree holds what its n-grams alone may fill
+    (their own draft length) plus the model's nodes, not the step's whole budget: each
+    draft-model step had verified 10 rows (3-4 plain steps on AVX2) for one or two tokens.
+    Held back, the n-grams alone keep their own length; without one, the step's budget."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.drafters.hybrid import HybridDrafter
+    from sglang.srt.speculative.drafters.ngram import NgramDrafter
+
+    model = AskedModel()  # proposes the chain 1, 2: two nodes
+    hybrid = HybridDrafter(NgramDrafter(max_depth=8), model)
+    text = [9, 8, 5, 6, 7, 3, 4, 11, 12, 9, 8, 5, 6, 7, 3, 4, 13, 9, 8]
+    req = SimpleNamespace(rid="prose", fill_ids=text, cached_tokens=0)
+    hybrid.hold_back(set())
+    whole = hybrid.propose([req], [10])[0]
+    assert len(whole) > 5  # the n-grams' deep path beside the model's: the case it is for
+    hybrid.hold_back(set(), {"prose": 2})  # its n-grams alone: one draft token
+    capped = hybrid.propose([req], [10])[0]
+    assert model.asked == ["prose", "prose"]
+    assert len(capped) == 2 + 2 and paths(capped) <= paths(whole)  # the best of the same
+    hybrid.hold_back({"prose"}, {"prose": 2})
+    assert len(hybrid.propose([req], [2])[0]) <= 2 and model.asked == ["prose", "prose"]
+    hybrid.release(req)
+    hybrid.check_all_free()
+
+
+def test_a_model_whose_nodes_lose_their_place_is_judged_all_the_same() -> None:
+    """The draft model ran but the n-grams' nodes filled the tree: it cost a step and
+    added nothing, so it sits out after its first steps (its record had never moved)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.drafters.hybrid import HybridDrafter
+    from sglang.srt.speculative.drafters.ngram import NgramDrafter
+
+    model = AskedModel()  # its chain 1, 2 at 0.5 a level: below the n-grams' path
+    hybrid = HybridDrafter(NgramDrafter(max_depth=8), model, probe_every=4)
+    text = [9, 8, 5, 6, 7, 3, 4, 11, 12, 9, 8, 5, 6, 7, 3, 4, 13, 9, 8]
+    req = SimpleNamespace(rid="prose", fill_ids=text, cached_tokens=0)
+    for _ in range(16):
+        hybrid.hold_back(set(), {"prose": 1})  # room for the model's two nodes, no more
+        tree = hybrid.propose([req], [10])[0]
+        assert len(tree) <= 3 and (1,) not in paths(tree)
+        hybrid.on_verified(req, [0])
+    assert 2 <= len(model.asked) <= 5, model.asked
+    hybrid.release(req)
+    hybrid.check_all_free()
+
+
+def test_a_model_that_brings_nothing_sits_out_where_the_ngrams_found_nothing() -> None:
+    """Prose with no n-gram match: the draft model's own record decides there too. One
+    whose drafts are never taken is asked for its first steps and then only in probes
+    (it had run at every such step); one whose drafts are taken is asked every step."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.drafters.hybrid import HybridDrafter
+    from sglang.srt.speculative.drafters.ngram import NgramDrafter
+
+    for taken, expect in ((False, lambda n: 2 <= n <= 5), (True, lambda n: n == 16)):
+        model = AskedModel()
+        hybrid = HybridDrafter(NgramDrafter(max_depth=4), model, probe_every=4)
+        req = SimpleNamespace(rid="prose", fill_ids=list(range(100, 120)), cached_tokens=0)
+        for _ in range(16):
+            tree = hybrid.propose([req], [4])[0]
+            hybrid.on_verified(req, [0, 1] if taken and tree is not None else [0])
+        assert expect(len(model.asked)), (taken, len(model.asked))
+        hybrid.release(req)
+        hybrid.check_all_free()
+
+
 def test_draft_model_sits_out_while_the_ngrams_quote() -> None:
     """A request quoting its context (a long backward match, a deep likely n-gram path) is
     drafted by the n-grams alone from its first step, with no probes; one whose n-grams only

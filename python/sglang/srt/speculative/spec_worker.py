@@ -178,15 +178,13 @@ class SpecWorker:
             else:
                 cands = kept
                 budget = budget if cands else 1
+        alone = None  # HYBRID: what its n-grams alone may fill (the model adds its levels)
         if self.drafter.drafts_without_model and not policy.forced:
             held |= {r.rid for r in cands if self.controller(r).model_off}
-        self.drafter.hold_back(held)
+            alone = {r.rid: self._request_budget(r, budget, True) for r in cands}
+        self.drafter.hold_back(held, alone)
         none.budget = budget
-        budgets = [min(budget, self.context_len - r.fill_len,
-                       r.max_new_tokens - len(r.output_ids) + 1,
-                       budget if policy.forced else
-                       self.decisions.own_budget(r, budget, model_sits_out=r.rid in held))
-                   for r in cands]
+        budgets = [self._request_budget(r, budget, r.rid in held) for r in cands]
         keep = [(r, b) for r, b in zip(cands, budgets) if b >= 2]
         if budget <= 1 or not keep:
             return none
@@ -206,6 +204,11 @@ class SpecWorker:
             return Proposal(none.trees, 1 if timed_plain else budget, typical and timed_plain)
         return Proposal([by_rid.get(r.rid) for r in reqs], budget, typical,
                         self._break_even(len(reqs), budget))
+
+    def _request_budget(self, r, budget: int, model_sits_out: bool) -> int:
+        own = budget if self.policy.forced else self.decisions.own_budget(r, budget, model_sits_out)
+        return min(budget, own, self.context_len - r.fill_len,
+                   r.max_new_tokens - len(r.output_ids) + 1)
 
     def _break_even(self, batch_size: int, budget: int) -> Optional[float]:
         """Tokens per verify at which this step's speculation is as fast as plain decoding,

@@ -127,9 +127,10 @@ class Drafter(ABC):
         nodes and at most `depth` levels, or None when this drafter has nothing to offer
         for it this step."""
 
-    def hold_back(self, rids: Set[str]) -> None:
+    def hold_back(self, rids: Set[str], alone: Optional[Dict[str, int]] = None) -> None:
         """This step, the draft model sits out for the requests `rids` (their draft KV is
-        not worth catching up); set before each proposal."""
+        not worth catching up); `alone`: per request, the nodes its drafts without the
+        model may fill (their own draft length). Set before each proposal."""
 
     def model_ran_for(self, req: "Req") -> bool:
         """Did the latest proposal run a draft model's forwards for `req`? (its price)"""

@@ -1,7 +1,8 @@
 """HYBRID drafter: n-gram and draft-model candidates merged into one tree per request.
 
 Both drafters propose under the step's token budget; their trees are merged as tries (a
-token path both propose is one node), and the merged tree keeps the `budget` best nodes by
+token path both propose is one node), and the merged tree keeps the best nodes, as many as
+the n-grams alone may fill (their own draft length) plus the draft model's where it ran, by
 
     score(node) = log( w_ngram * p_ngram(node) + w_model * p_model(node) )
 
@@ -16,7 +17,8 @@ the same as for any tree (verify.py), so the merge never changes the output dist
 
 Skipping the draft model: its forwards are the step's only drafting cost, so it sits out
 while it adds nothing the n-grams did not propose: the EMA of accepted nodes only it
-proposed is under `min_unique` tokens a verify. Shared credit alone cannot tell that: while
+proposed is under `min_unique` tokens a verify (0 where none of its nodes made the tree;
+also where the n-grams found nothing). Shared credit alone cannot tell that: while
 a passage is quoted both drafters propose the same tokens. And it sits out while the n-grams
 are plainly quoting (a long backward match, a deep likely path), before its EMA could show
 it. While it sits out it is probed after a few steps, a wait that doubles after each probe
@@ -122,10 +124,12 @@ class HybridDrafter(Drafter):
         self.origins: Dict[str, List[frozenset]] = {}  # rid -> origins of its last tree
         self.last_weights: Dict[str, DrafterWeights] = {}  # of released requests (bounded)
         self.held: Set[str] = set()  # requests the draft model sits out for this step
+        self.alone: Dict[str, int] = {}  # rid -> nodes its n-grams alone may fill this step
         self.asked: Set[str] = set()  # requests the draft model drafted for, latest proposal
 
-    def hold_back(self, rids: Set[str]) -> None:
+    def hold_back(self, rids: Set[str], alone: Optional[Dict[str, int]] = None) -> None:
         self.held = set(rids)
+        self.alone = dict(alone or {})
 
     def propose(self, reqs, budgets, depth=None) -> List[Optional[DraftTree]]:
         # n-grams are cheap and can see further than the draft's steps: their own depth
@@ -148,7 +152,11 @@ class HybridDrafter(Drafter):
             if req.rid not in self.weights:  # new, or resumed after a retraction
                 self.weights[req.rid] = self.last_weights.pop(req.rid, None) or DrafterWeights()
             w = self.weights[req.rid].weights()
-            tree, origins = merge_trees(req.fill_ids[-1], {"model": mt, "ngram": nt}, w, budget)
+            # the rows NGRAM would verify, plus the draft model's own nodes where it ran: a
+            # tree at the step's whole budget made each draft-model step a 10-row verify
+            alone = min(budget, self.alone.get(req.rid, budget))
+            cap = alone if mt is None else min(budget, alone + len(mt) - 1)
+            tree, origins = merge_trees(req.fill_ids[-1], {"model": mt, "ngram": nt}, w, cap)
             self.origins[req.rid] = origins
             out.append(tree)
         return out
@@ -156,11 +164,12 @@ class HybridDrafter(Drafter):
     def _wants_model(self, req, ngram_tree: Optional[DraftTree]) -> bool:
         if req.rid in self.held:
             return False
+        found = ngram_tree is not None and len(ngram_tree) > 1
+        if found and self._ngrams_quoting(req, ngram_tree):
+            return False  # no probe: what it would learn is moot
+        # Where the n-grams found nothing the model's own record decides as well: asked at
+        # every such step, a head that brought nothing cost 2-3 plain steps a verify there.
         w = self.weights.get(req.rid)
-        if ngram_tree is None or len(ngram_tree) < 2:
-            return True
-        if self._ngrams_quoting(req, ngram_tree):  # no probe: what it would learn is moot
-            return False
         if w is None:
             return True
         if w.weights()["model"] > 2 * w.floor and w.model_unique >= self.min_unique:
@@ -189,7 +198,9 @@ class HybridDrafter(Drafter):
         credit = {n: sum(n in origins[i] for i in path[1:]) for n in NAMES}
         w = self.weights.setdefault(req.rid, DrafterWeights())
         w.update(credit)
-        if any("model" in o for o in origins[1:]):  # the draft model ran this step
+        # the draft model ran: what it added, 0 if its nodes lost their place in the tree
+        # to the n-grams' (it had kept being asked for nothing, its record never updated)
+        if req.rid in self.asked:
             unique = sum(origins[i] == {"model"} for i in path[1:])
             w.model_unique = (1 - w.alpha) * w.model_unique + w.alpha * unique
 
