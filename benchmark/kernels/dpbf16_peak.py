@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,6 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=200_000_000)
     ap.add_argument("--name", default="dpbf16_peak")
     a = ap.parse_args(argv)
+    if " avx512_bf16" not in open("/proc/cpuinfo").read():
+        raise SystemExit("this CPU has no AVX512-BF16 (VDPBF16PS): nothing to measure here")
     exe = os.path.join(tempfile.mkdtemp(prefix="dpbf16_"), "peak")
     subprocess.run(["g++", "-O2", "-march=native", "-fopenmp",
                     os.path.join(HERE, "dpbf16_peak.cpp"), "-o", exe], check=True)
@@ -41,7 +44,9 @@ def main(argv=None) -> int:
         print(r)
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, a.name + ".json"), "w") as f:
-        json.dump({"cpu": cpu_line(), "iters": a.iters, "rows": rows}, f, indent=1)
+        json.dump({"command": "python benchmark/kernels/dpbf16_peak.py " + " ".join(
+            argv if argv is not None else sys.argv[1:]), "cpu": cpu_line(), "iters": a.iters,
+            "rows": rows}, f, indent=1)
     return 0
 
 
